@@ -1,0 +1,1 @@
+"""The shoal agent: stage runtime, head (generation loop), command line."""

@@ -1,0 +1,33 @@
+"""``shoal export``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
+    from shards.export.exporter import ExportRequest, export
+
+    request = ExportRequest(
+        source=args.source,
+        out_dir=args.out,
+        stages=args.stages,
+        weights=args.weights,
+        draft_source=args.draft,
+        self_draft_layers=args.self_draft,
+        force=args.force,
+    )
+    manifest = export(request, cache_dir)
+    for stage in manifest.stages:
+        ends = " + ".join(e for e, held in (("embeddings", stage.embeddings), ("head", stage.head)) if held)
+        print(
+            f"{stage.name}: layers {stage.layer_start}-{stage.layer_stop - 1}"
+            f"{' + ' + ends if ends else ''}, {stage.weights_bytes / 1e6:.1f} MB",
+            file=sys.stderr,
+        )
+    if manifest.draft:
+        print(f"draft ({manifest.draft.source}): {manifest.draft.graph.weights_bytes / 1e6:.1f} MB", file=sys.stderr)
+    print(f"export ready: {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,110 @@
+"""``shoal``: one entry point, one subcommand per job.
+
+Results go to stdout (the completion text, JSON); progress bars, logs and errors to stderr. Any
+:class:`~shards.errors.ShoalError` ends in one line ``shoal: error: ...`` and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from shards.errors import ShoalError
+
+log = logging.getLogger("shoal")
+
+
+def default_cache_dir() -> Path:
+    """Where models, compiled graphs and downloads are cached (``SHOAL_CACHE_DIR`` overrides)."""
+    env = os.environ.get("SHOAL_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("shoal"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shoal", description=__doc__.splitlines()[0])
+    parser.add_argument("--cache-dir", type=Path, default=None, help="cache folder (default: platform cache)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("export", help="export a checkpoint into per-stage OpenVINO shards")
+    p.add_argument("source", help="Hub model id, model folder, .gguf file, or a short name (smollm2)")
+    p.add_argument("--stages", type=int, required=True, help="number of pipeline stages")
+    p.add_argument("--out", type=Path, required=True, help="export folder to create")
+    p.add_argument("--weights", choices=("int4", "int8", "fp16", "fp32"), default="int4")
+    drafts = p.add_mutually_exclusive_group()
+    drafts.add_argument("--draft", metavar="MODEL", help="also export this smaller model (same tokenizer) as a draft")
+    drafts.add_argument("--self-draft", metavar="N", type=int, help="draft = first N layers + final norm + head")
+    p.add_argument("--force", action="store_true", help="replace an existing different export")
+
+    p = sub.add_parser("generate", help="answer one chat prompt through every stage of an export, in-process")
+    p.add_argument("export_dir", type=Path)
+    p.add_argument("prompt")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--device", default="AUTO", help="AUTO, CPU, GPU or NPU")
+    p.add_argument("--threads", type=int, default=None, help="CPU inference threads")
+    p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
+
+    p = sub.add_parser("bench", help="benchmarks (results for docs/benchmarks.md)")
+    bench = p.add_subparsers(dest="bench", required=True)
+    b = bench.add_parser("shards", help="openvino_genai baseline vs 1/2/3 in-process stages, one thread each")
+    b.add_argument("--model", default="smollm2", help="SOURCE to benchmark (default smollm2)")
+    b.add_argument("--runs", type=int, default=5)
+    b.add_argument("--tokens", type=int, default=128)
+    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    _quiet_libraries()
+    cache_dir = args.cache_dir or default_cache_dir()
+    try:
+        if args.command == "export":
+            from agent.cli.export_cmd import run_export
+
+            return run_export(args, cache_dir)
+        if args.command == "generate":
+            from agent.cli.generate_cmd import run_generate
+
+            return run_generate(args, cache_dir)
+        if args.command == "bench":
+            from agent.bench.shards_bench import run_bench_shards
+
+            return run_bench_shards(args, cache_dir)
+    except ShoalError as exc:
+        print(f"shoal: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("shoal: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in ("nncf", "transformers", "optimum", "torch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

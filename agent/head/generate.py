@@ -1,0 +1,42 @@
+"""The generation loop over any session that maps token ids to logits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import numpy as np
+
+from agent.head.chat import PromptTooLongError
+from agent.head.sampling import Sampler, SamplingParams
+
+
+class LogitsSession(Protocol):
+    def step(self, token_ids: np.ndarray) -> np.ndarray: ...
+
+
+def generate(
+    session: LogitsSession,
+    prompt_ids: list[int],
+    max_tokens: int,
+    stop_ids: frozenset[int],
+    params: SamplingParams,
+    context_tokens: int,
+) -> Iterator[int]:
+    """Yield completion token ids one by one; stops at a stop token (not yielded) or ``max_tokens``."""
+    if not prompt_ids:
+        raise PromptTooLongError("the prompt is empty")
+    if len(prompt_ids) + max_tokens > context_tokens:
+        raise PromptTooLongError(
+            f"prompt of {len(prompt_ids)} tokens plus {max_tokens} new tokens exceeds the "
+            f"{context_tokens}-token context; shorten the prompt or lower --max-tokens"
+        )
+    sampler = Sampler(params)
+    logits = session.step(np.asarray([prompt_ids], dtype=np.int64))
+    for produced in range(1, max_tokens + 1):
+        token = sampler.pick(logits[0, -1])
+        if token in stop_ids:
+            return
+        yield token
+        if produced < max_tokens:
+            logits = session.step(np.asarray([[token]], dtype=np.int64))

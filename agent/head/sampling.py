@@ -1,0 +1,60 @@
+"""Choosing the next token from logits: greedy, or temperature / top-k / top-p with a seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shards.errors import ShoalError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ShoalError("temperature must be >= 0, top-p in (0, 1], top-k >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    """Picks tokens for one session; owns that session's random generator."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self._rng = np.random.default_rng(params.seed)
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """The distribution sampling draws from, after temperature, top-k and top-p."""
+        p = self.params
+        z = logits.astype(np.float64) / p.temperature
+        if p.top_k and p.top_k < z.shape[-1]:
+            kth = np.partition(z, -p.top_k)[-p.top_k]
+            z = np.where(z < kth, -np.inf, z)
+        z -= z.max()
+        probs = np.exp(z)
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            order = np.argsort(-probs)
+            cumulative = np.cumsum(probs[order])
+            cut = int(np.searchsorted(cumulative, p.top_p)) + 1
+            keep = np.zeros_like(probs, dtype=bool)
+            keep[order[:cut]] = True
+            probs = np.where(keep, probs, 0.0)
+            probs /= probs.sum()
+        return probs
+
+    def pick(self, logits: np.ndarray) -> int:
+        """The next token for a ``[vocab]`` row of logits."""
+        if self.params.greedy:
+            return int(np.argmax(logits))
+        probs = self.probabilities(logits)
+        return int(self._rng.choice(probs.shape[-1], p=probs))

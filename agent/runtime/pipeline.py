@@ -1,0 +1,49 @@
+"""All stages of an export chained in one process: the head's reference pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from agent.runtime.session import StageSession
+from agent.runtime.stage import CompiledStage, RuntimeConfig
+from shards.manifest import Manifest
+
+
+class PipelineSession:
+    """One conversation across every stage: token ids in, last-stage logits out."""
+
+    def __init__(self, sessions: list[StageSession]) -> None:
+        self.stages = sessions
+
+    @property
+    def logical_length(self) -> int:
+        return self.stages[0].logical_length
+
+    def step(self, token_ids: np.ndarray) -> np.ndarray:
+        """Feed ``[1, n]`` token ids; returns ``[1, n, vocab]`` logits (valid until the next step)."""
+        positions = np.arange(self.logical_length, self.logical_length + token_ids.shape[1], dtype=np.int64)[None]
+        x = token_ids
+        for stage in self.stages:
+            x = stage.step(x, positions)
+        return x
+
+    def rewind(self, n: int) -> None:
+        for stage in self.stages:
+            stage.rewind(n)
+
+    def reset(self) -> None:
+        for stage in self.stages:
+            stage.reset()
+
+
+class LocalPipeline:
+    """Every stage of an export compiled in this process."""
+
+    def __init__(self, export_dir: Path, manifest: Manifest, config: RuntimeConfig) -> None:
+        self.manifest = manifest
+        self.stages = [CompiledStage(export_dir, g, manifest.weights, config) for g in manifest.stages]
+
+    def new_session(self) -> PipelineSession:
+        return PipelineSession([stage.new_session() for stage in self.stages])

@@ -1,0 +1,85 @@
+"""One conversation's KV state on one stage, with mask-based rewind.
+
+Speculative decoding feeds K draft tokens and then keeps only the accepted ones. Trimming an
+OpenVINO state costs a copy per call; instead the rejected positions stay in the cache and are
+masked out of ``attention_mask`` on every later step, while ``position_ids`` follow the logical
+length (the number of kept tokens). The result equals a trimmed cache, at no cost per rewind.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+
+from shards.errors import RuntimeStageError
+
+
+class StageSession:
+    """A per-session InferRequest plus the physical mask of its cache."""
+
+    def __init__(self, request: ov.InferRequest, input_name: str, output: ov.Output) -> None:
+        self._request = request
+        self._input_name = input_name
+        self._output = output
+        self._mask = np.zeros((1, 256), dtype=np.int64)
+        self._physical = 0
+        self._logical = 0
+        self._beam_idx = np.zeros(1, dtype=np.int32)
+
+    @property
+    def logical_length(self) -> int:
+        """Tokens the model currently attends to (kept positions)."""
+        return self._logical
+
+    @property
+    def physical_length(self) -> int:
+        """Positions held in the cache, masked or not."""
+        return self._physical
+
+    def step(self, inputs: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
+        """Run new positions through the stage and return its output (hidden states or logits).
+
+        ``inputs`` is ``[1, n]`` token ids or ``[1, n, hidden]`` hidden states; ``positions`` the
+        logical positions ``[1, n]`` (default: continuing the logical length). The returned array
+        is a view of the request's output buffer, valid until the next call.
+        """
+        n = inputs.shape[1]
+        if n < 1:
+            raise RuntimeStageError("step needs at least one position")
+        if positions is None:
+            positions = np.arange(self._logical, self._logical + n, dtype=np.int64)[None]
+        end = self._physical + n
+        if end > self._mask.shape[1]:
+            grown = np.zeros((1, max(end, 2 * self._mask.shape[1])), dtype=np.int64)
+            grown[:, : self._physical] = self._mask[:, : self._physical]
+            self._mask = grown
+        self._mask[0, self._physical : end] = 1
+        self._request.infer(
+            {
+                self._input_name: inputs,
+                "attention_mask": self._mask[:, :end],
+                "position_ids": positions,
+                "beam_idx": self._beam_idx,
+            },
+            share_inputs=True,
+        )
+        self._physical = end
+        self._logical += n
+        return self._request.get_tensor(self._output).data
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` kept positions by masking them out (they stay in the cache)."""
+        if n < 0 or n > self._logical:
+            raise RuntimeStageError(f"cannot rewind {n} of {self._logical} positions")
+        if n == 0:
+            return
+        kept = np.flatnonzero(self._mask[0, : self._physical])
+        self._mask[0, kept[-n:]] = 0
+        self._logical -= n
+
+    def reset(self) -> None:
+        """Drop the whole KV state (a new conversation)."""
+        self._request.reset_state()
+        self._mask[:] = 0
+        self._physical = 0
+        self._logical = 0

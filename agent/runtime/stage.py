@@ -1,0 +1,101 @@
+"""Compiling a stage: device choice, threads, precision and the compiled-model cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import openvino as ov
+
+from agent.runtime.session import StageSession
+from shards.errors import RuntimeStageError
+from shards.manifest import GraphEntry
+
+log = logging.getLogger(__name__)
+
+KNOWN_DEVICES = ("AUTO", "CPU", "GPU", "NPU")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How stages are compiled on this PC."""
+
+    device: str = "AUTO"
+    threads: int | None = None
+    """CPU inference threads; None lets OpenVINO decide."""
+    cache_dir: Path | None = None
+    """OpenVINO compiled-model cache; a restart then skips compilation."""
+
+
+def choose_device(requested: str, available: list[str]) -> str:
+    """Resolve AUTO or check an explicit device against ``ov.Core().available_devices``.
+
+    AUTO prefers a GPU (the iGPU of an AI PC), then the CPU. The NPU is never chosen
+    automatically: its plugin needs static shapes, and stage graphs have dynamic lengths.
+    """
+    requested = requested.upper()
+    if requested == "AUTO":
+        gpus = sorted(d for d in available if d.startswith("GPU"))
+        if gpus:
+            return gpus[0]
+        if "CPU" in available:
+            return "CPU"
+        raise RuntimeStageError(f"no usable device among {available}")
+    family = requested.split(".")[0]
+    if family not in KNOWN_DEVICES:
+        raise RuntimeStageError(f"unknown device {requested!r}: use one of {', '.join(KNOWN_DEVICES)}")
+    if requested in available:
+        return requested
+    matching = sorted(d for d in available if d.split(".")[0] == requested)
+    if matching:
+        return matching[0]
+    raise RuntimeStageError(f"device {requested} is not available here (available: {', '.join(available) or 'none'})")
+
+
+def compile_properties(device: str, weights: str, config: RuntimeConfig) -> dict[str, str]:
+    """OpenVINO properties for compiling one stage graph."""
+    props = {"PERFORMANCE_HINT": "LATENCY"}
+    if config.cache_dir is not None:
+        props["CACHE_DIR"] = str(config.cache_dir)
+    if device == "CPU":
+        if config.threads:
+            props["INFERENCE_NUM_THREADS"] = str(config.threads)
+        if weights in ("fp32", "fp16"):
+            # fp32 exports must reproduce the float reference, and the CPU plugin otherwise computes
+            # in bf16 where the CPU has it. (Measured here, OpenVINO 2026.4: float weights in bf16
+            # on one thread also crash the CPU plugin's compilation with SIGFPE.)
+            props["INFERENCE_PRECISION_HINT"] = "f32"
+    return props
+
+
+class CompiledStage:
+    """One stage graph compiled for this PC; hands out per-session :class:`StageSession` s."""
+
+    def __init__(
+        self,
+        export_dir: Path,
+        graph: GraphEntry,
+        weights: str,
+        config: RuntimeConfig,
+        core: ov.Core | None = None,
+    ) -> None:
+        self.graph = graph
+        self.core = core or ov.Core()
+        self.device = choose_device(config.device, self.core.available_devices)
+        if config.cache_dir is not None:
+            config.cache_dir.mkdir(parents=True, exist_ok=True)
+        props = compile_properties(self.device, weights, config)
+        xml = export_dir / graph.xml
+        try:
+            # Compiling from the path (not a read model) lets OpenVINO use its model cache.
+            self.compiled = self.core.compile_model(str(xml), self.device, props)
+        except RuntimeError as exc:
+            raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
+        log.info("compiled %s (layers %d-%d) on %s", graph.name, graph.layer_start, graph.layer_stop - 1,
+                 self.device)
+
+    def new_session(self) -> StageSession:
+        """A fresh KV state for one conversation."""
+        return StageSession(self.compiled.create_infer_request(), self.graph.inputs[0],
+                            self.compiled.output(self.graph.outputs[0]))

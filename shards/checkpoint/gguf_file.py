@@ -1,0 +1,101 @@
+"""GGUF checkpoints (llama.cpp's format), dequantized one tensor at a time.
+
+transformers can load a GGUF, but only whole; here its name mapping and tensor fix-ups (the
+Q/K head permutation llama.cpp applies to Llama weights) are reused per tensor, over gguf-py's
+memory-mapped reader.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shards.checkpoint.base import sha256_files
+from shards.errors import CorruptCheckpointError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+
+class GgufCheckpoint:
+    """A GGUF file read lazily under Hugging Face tensor names."""
+
+    kind = "gguf"
+
+    def __init__(self, path: Path) -> None:
+        import gguf
+        from transformers import AutoConfig
+        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+        self.path = path
+        self.source_id = path.name
+        try:
+            self._reader = gguf.GGUFReader(str(path))
+        except Exception as exc:  # gguf raises ValueError, struct.error, IndexError... on bad files
+            raise CorruptCheckpointError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+        arch_field = self._reader.fields.get("general.architecture")
+        if arch_field is None:
+            raise CorruptCheckpointError(f"{path}: GGUF header has no general.architecture")
+        self.gguf_arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+        try:
+            self.config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        except ValueError as exc:
+            raise UnsupportedModelError(f"{path.name}: {exc}") from exc
+        except Exception as exc:
+            raise CorruptCheckpointError(f"{path}: cannot read GGUF metadata ({exc})") from exc
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        processor_cls = TENSOR_PROCESSORS.get(self.gguf_arch, TensorProcessor)
+        self._processor = processor_cls(config=self.config.to_dict())
+
+    @functools.cached_property
+    def _name_map(self) -> Any:
+        import gguf
+
+        arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.gguf_arch), None)
+        if arch is None:
+            raise UnsupportedModelError(f"gguf-py does not know the architecture {self.gguf_arch!r}")
+        return gguf.get_tensor_name_map(arch, self.config.num_hidden_layers)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        from gguf import dequantize
+
+        base, suffix = name.rsplit(".", 1)
+        mapped = self._name_map.get_name(base)
+        gguf_name = f"{mapped}.{suffix}" if mapped else name
+        tensor = self._tensors.get(gguf_name)
+        if tensor is None:
+            raise CorruptCheckpointError(f"{self.path.name}: tensor {gguf_name} ({name}) is missing")
+        try:
+            weights = dequantize(tensor.data, tensor.tensor_type)
+        except Exception as exc:
+            raise CorruptCheckpointError(f"{self.path.name}: cannot dequantize {gguf_name} ({exc})") from exc
+        weights = self._processor.process(weights=weights, name=gguf_name).weights
+        return torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+
+    def revision(self) -> str:
+        return sha256_files([self.path], desc=f"hash {self.path.name}")
+
+    def save_tokenizer(self, out_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+        # transformers' GGUF tokenizer converter (5.x) takes the wrong special token for eos and
+        # saves a slow-tokenizer class that rebuilds a different pre-tokenizer on reload: set the
+        # ids from the GGUF's own metadata and reload from tokenizer.json as it is.
+        for role in ("bos", "eos"):
+            token_id = getattr(self.config, f"{role}_token_id", None)
+            if token_id is not None:
+                setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(int(token_id)))
+        tokenizer.save_pretrained(str(out_dir))
+        config_path = out_dir / "tokenizer_config.json"
+        tokenizer_config = json.loads(config_path.read_text())
+        tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_path.write_text(json.dumps(tokenizer_config, indent=1, ensure_ascii=False))
+        generation = {k: getattr(self.config, k) for k in ("bos_token_id", "eos_token_id")
+                      if getattr(self.config, k, None) is not None}
+        (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=1))

@@ -1,0 +1,1 @@
+"""Export: checkpoint -> per-stage stateful OpenVINO IR + manifest."""

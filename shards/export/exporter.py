@@ -1,0 +1,271 @@
+"""``shoal export``: checkpoint -> one folder per stage + tokenizer + manifest, atomically.
+
+Everything is written under ``OUT.incomplete/`` and renamed to ``OUT`` only once the manifest
+is in place, so an interrupted or failed export never leaves a folder that looks complete.
+Each stage is built from its own tensors only (embeddings/head where that stage holds them),
+so peak memory follows the largest stage, not the model.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import openvino as ov
+import torch
+from tqdm.auto import tqdm
+
+from shards.architecture import ArchSpec, arch_spec_from_config
+from shards.checkpoint import Checkpoint, open_checkpoint
+from shards.errors import ExportError, ManifestError
+from shards.export.convert import WEIGHT_FORMATS, compress_weights, stage_io, trace_stage
+from shards.export.split import plan_layer_split
+from shards.export.stage_model import StageModule, stage_weight_names
+from shards.manifest import (
+    MANIFEST_NAME,
+    DraftEntry,
+    FileEntry,
+    GraphEntry,
+    Manifest,
+    SourceInfo,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_TOKENS = 4096
+STEPS = ("load", "trace", "compress", "save")
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What ``shoal export`` was asked to do."""
+
+    source: str
+    out_dir: Path
+    stages: int
+    weights: str = "int4"
+    draft_source: str | None = None
+    self_draft_layers: int | None = None
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_FORMATS:
+            raise ExportError(f"--weights must be one of {', '.join(WEIGHT_FORMATS)}, not {self.weights!r}")
+        if self.draft_source and self.self_draft_layers:
+            raise ExportError("choose either --draft MODEL or --self-draft N, not both")
+
+
+def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Manifest:
+    """Run an export; returns the manifest of the finished folder (existing and matching: reused)."""
+    checkpoint = open_checkpoint(request.source, cache_dir)
+    spec = arch_spec_from_config(checkpoint.config)
+    ranges = plan_layer_split(spec, request.stages, request.weights)
+    if request.self_draft_layers is not None and not 1 <= request.self_draft_layers < spec.num_layers:
+        raise ExportError(f"--self-draft must be between 1 and {spec.num_layers - 1} layers")
+    revision = checkpoint.revision()
+    existing = _reusable(request, revision)
+    if existing is not None:
+        log.info("export %s is up to date, reusing it", request.out_dir)
+        return existing
+
+    out = request.out_dir
+    staging = out.with_name(out.name + ".incomplete")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        stages = []
+        for index, layers in enumerate(tqdm(ranges, desc="stages", disable=not progress)):
+            has_embeddings, has_head = index == 0, index == len(ranges) - 1
+            stages.append(_export_graph(checkpoint, spec, f"stage-{index}", layers, has_embeddings, has_head,
+                                        request.weights, staging, progress))
+        draft = _export_draft(request, checkpoint, spec, staging, cache_dir, progress)
+        tokenizer_dir = staging / "tokenizer"
+        tokenizer_dir.mkdir()
+        checkpoint.save_tokenizer(tokenizer_dir)
+        manifest = Manifest(
+            source=SourceInfo(id=checkpoint.source_id, kind=checkpoint.kind, revision=revision),
+            arch=spec,
+            weights=request.weights,
+            context_tokens=min(DEFAULT_CONTEXT_TOKENS, spec.max_position_embeddings),
+            stages=tuple(stages),
+            tokenizer_files=tuple(FileEntry.of(staging, p) for p in sorted(tokenizer_dir.rglob("*")) if p.is_file()),
+            draft=draft,
+            producer={"shoal": _version(), "openvino": ov.get_version(), "torch": torch.__version__},
+        )
+        manifest.save(staging)
+        _replace_dir(staging, out, request.force)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _reusable(request: ExportRequest, revision: str) -> Manifest | None:
+    """The existing export at ``out_dir`` if it was made from the same inputs, else None."""
+    if not (request.out_dir / MANIFEST_NAME).exists():
+        if request.out_dir.exists() and any(request.out_dir.iterdir()) and not request.force:
+            raise ExportError(f"{request.out_dir} exists and is not an export; pass --force to replace it")
+        return None
+    try:
+        old = Manifest.load(request.out_dir)
+    except ManifestError:
+        if request.force:
+            return None
+        raise
+    same = (
+        old.source.revision == revision
+        and old.weights == request.weights
+        and len(old.stages) == request.stages
+        and (old.draft.source if old.draft else None) == (request.draft_source or
+                                                           (f"self:{request.self_draft_layers}"
+                                                            if request.self_draft_layers else None))
+    )
+    if same and not request.force:
+        return old
+    if not request.force:
+        raise ExportError(f"{request.out_dir} holds a different export; pass --force to replace it")
+    return None
+
+
+def _replace_dir(staging: Path, out: Path, force: bool) -> None:
+    if out.exists():
+        if not force and (out / MANIFEST_NAME).exists():
+            raise ExportError(f"{out} already exists")
+        trash = out.with_name(out.name + ".old")
+        shutil.rmtree(trash, ignore_errors=True)
+        out.rename(trash)
+        staging.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staging.rename(out)
+
+
+def _export_draft(
+    request: ExportRequest, checkpoint: Checkpoint, spec: ArchSpec, staging: Path, cache_dir: Path, progress: bool
+) -> DraftEntry | None:
+    if request.self_draft_layers:
+        graph = _export_graph(checkpoint, spec, "draft", range(0, request.self_draft_layers), True, True,
+                              request.weights, staging, progress)
+        return DraftEntry(kind="self", source=f"self:{request.self_draft_layers}", arch=spec, graph=graph)
+    if request.draft_source:
+        draft_checkpoint = open_checkpoint(request.draft_source, cache_dir)
+        draft_spec = arch_spec_from_config(draft_checkpoint.config)
+        _check_same_vocabulary(checkpoint, draft_checkpoint, staging)
+        graph = _export_graph(draft_checkpoint, draft_spec, "draft", range(0, draft_spec.num_layers), True, True,
+                              request.weights, staging, progress)
+        return DraftEntry(kind="model", source=request.draft_source, arch=draft_spec, graph=graph)
+    return None
+
+
+def _check_same_vocabulary(target: Checkpoint, draft: Checkpoint, staging: Path) -> None:
+    """A draft proposes token ids that the target verifies: both must mean the same by each id."""
+    from transformers import AutoTokenizer
+
+    vocabularies = []
+    for name, checkpoint in (("target", target), ("draft", draft)):
+        folder = staging / f".vocab-{name}"
+        folder.mkdir()
+        checkpoint.save_tokenizer(folder)
+        vocabularies.append(AutoTokenizer.from_pretrained(str(folder)).get_vocab())
+        shutil.rmtree(folder)
+    if vocabularies[0] != vocabularies[1]:
+        differing = len(set(vocabularies[0].items()) ^ set(vocabularies[1].items()))
+        raise ExportError(
+            f"draft {draft.source_id} does not share the target's tokenizer ({differing} vocabulary entries differ)"
+        )
+
+
+def _export_graph(
+    checkpoint: Checkpoint,
+    spec: ArchSpec,
+    name: str,
+    layers: range,
+    has_embeddings: bool,
+    has_head: bool,
+    weights: str,
+    staging: Path,
+    progress: bool,
+) -> GraphEntry:
+    folder = staging / name
+    folder.mkdir()
+    with tqdm(total=len(STEPS), desc=f"{name} layers {layers.start}-{layers.stop - 1}", disable=not progress,
+              leave=False) as bar:
+        with _step(bar, "load"):
+            module = _load_stage_module(checkpoint, spec, layers, has_embeddings, has_head, progress)
+        with _step(bar, "trace"):
+            try:
+                model = trace_stage(module, spec, len(layers))
+            except Exception as exc:
+                raise ExportError(f"{name}: conversion to OpenVINO failed: {type(exc).__name__}: {exc}") from exc
+            del module
+            gc.collect()
+        with _step(bar, "compress"):
+            model = compress_weights(model, weights, has_embeddings, has_head)
+        with _step(bar, "save"):
+            xml = folder / "openvino_model.xml"
+            ov.save_model(model, str(xml), compress_to_fp16=weights == "fp16")
+            del model
+            gc.collect()
+    files = tuple(FileEntry.of(staging, p) for p in sorted(folder.iterdir()))
+    io = stage_io(has_embeddings, has_head)
+    weights_bytes = sum(f.size for f in files if f.path.endswith(".bin"))
+    # the CPU plugin keeps the KV cache in the inference precision (bf16/f16: 2 bytes) by default
+    kv_per_token = 2 * len(layers) * spec.num_kv_heads * spec.head_dim * 2
+    return GraphEntry(
+        name=name,
+        xml=xml.relative_to(staging).as_posix(),
+        layer_start=layers.start,
+        layer_stop=layers.stop,
+        embeddings=has_embeddings,
+        head=has_head,
+        inputs=io.inputs,
+        outputs=io.outputs,
+        files=files,
+        weights_bytes=weights_bytes,
+        kv_bytes_per_token=kv_per_token,
+        memory_bytes=weights_bytes + kv_per_token * min(DEFAULT_CONTEXT_TOKENS, spec.max_position_embeddings),
+    )
+
+
+@contextmanager
+def _step(bar: tqdm, step: str) -> Iterator[None]:
+    bar.set_postfix_str(step)
+    yield
+    bar.update(1)
+
+
+def _load_stage_module(
+    checkpoint: Checkpoint, spec: ArchSpec, layers: range, has_embeddings: bool, has_head: bool, progress: bool
+) -> StageModule:
+    """Build the stage module from only the tensors it holds (no random init, no other layers)."""
+    inv_freq, scaling = _rope_tables(checkpoint.config)
+    with torch.device("meta"):
+        module = StageModule(spec, len(layers), has_embeddings, has_head, torch.zeros_like(inv_freq), scaling)
+    names = stage_weight_names(spec, layers.start, layers.stop, has_embeddings, has_head)
+    state = {local: checkpoint.tensor(hf) for local, hf in
+             tqdm(names.items(), desc="tensors", leave=False, disable=not progress)}
+    module.load_state_dict(state, assign=True, strict=True)
+    module.inv_freq = inv_freq
+    return module.eval()
+
+
+def _rope_tables(config: object) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and scaling as transformers computes them for this config's RoPE type."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(config)  # type: ignore[arg-type]
+    return rotary.inv_freq.float().clone(), float(rotary.attention_scaling)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shoal")
+    except PackageNotFoundError:
+        return "unknown"
