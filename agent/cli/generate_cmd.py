@@ -18,7 +18,9 @@ def run_generate(args: argparse.Namespace, cache_dir: Path) -> int:
     manifest = Manifest.load(args.export_dir)
     if not args.no_verify:
         manifest.verify(args.export_dir, graphs=list(manifest.stages))
-    config = RuntimeConfig(device=args.device, threads=args.threads, cache_dir=cache_dir / "ov-cache")
+    config = RuntimeConfig(
+        device=args.device, threads=args.threads, cache_dir=cache_dir / "ov-cache", precision=args.precision
+    )
     pipeline = LocalPipeline(args.export_dir, manifest, config)
     tokenizer = ChatTokenizer(args.export_dir / "tokenizer")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)

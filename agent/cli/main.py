@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--device", default="AUTO", help="AUTO, CPU, GPU or NPU")
     p.add_argument("--threads", type=int, default=None, help="CPU inference threads")
+    p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default="auto",
+                   help="inference precision (f32: token-identical across stage splits, slower)")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
 
     p = sub.add_parser("bench", help="benchmarks (results for docs/benchmarks.md)")
@@ -63,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=128)
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
+    b.add_argument("--configs", default=None, help="comma-separated subset of mono,1-stage,2-stage,3-stage")
+    b.add_argument("--core", type=int, default=None, help="CPU core every run is pinned to (default: the last)")
+    b.add_argument("--prompt", default=None, help="user message (default: a fixed coding question)")
+    b.add_argument("--warmup-tokens", type=int, default=None, help="untimed tokens first (default: --tokens)")
+    b.add_argument("--min-cpu-share", type=float, default=None,
+                   help="repeat a run whose CPU time / wall time falls below this (default 0.95; 0 never)")
     return parser
 
 

@@ -15,6 +15,7 @@ from shards.manifest import GraphEntry
 log = logging.getLogger(__name__)
 
 KNOWN_DEVICES = ("AUTO", "CPU", "GPU", "NPU")
+PRECISIONS = ("auto", "f32", "bf16", "f16")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,14 @@ class RuntimeConfig:
     """CPU inference threads; None lets OpenVINO decide."""
     cache_dir: Path | None = None
     """OpenVINO compiled-model cache; a restart then skips compilation."""
+    precision: str = "auto"
+    """Inference precision: ``auto`` (the plugin's fastest: bf16 on CPUs that have it), or ``f32``,
+    ``bf16``, ``f16``. In bf16 the CPU plugin rounds differently where a graph is cut into stages,
+    so only ``f32`` makes a split int4/int8 export token-identical to its 1-stage export."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise RuntimeStageError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
 
 
 def choose_device(requested: str, available: list[str]) -> str:
@@ -58,14 +67,19 @@ def compile_properties(device: str, weights: str, config: RuntimeConfig) -> dict
     props = {"PERFORMANCE_HINT": "LATENCY"}
     if config.cache_dir is not None:
         props["CACHE_DIR"] = str(config.cache_dir)
-    if device == "CPU":
-        if config.threads:
-            props["INFERENCE_NUM_THREADS"] = str(config.threads)
-        if weights in ("fp32", "fp16"):
-            # fp32 exports must reproduce the float reference, and the CPU plugin otherwise computes
-            # in bf16 where the CPU has it. (Measured here, OpenVINO 2026.4: float weights in bf16
-            # on one thread also crash the CPU plugin's compilation with SIGFPE.)
-            props["INFERENCE_PRECISION_HINT"] = "f32"
+    if device == "CPU" and config.threads:
+        props["INFERENCE_NUM_THREADS"] = str(config.threads)
+    precision = config.precision
+    if weights in ("fp32", "fp16"):
+        # Float exports must reproduce the float reference: by default the CPU plugin computes in
+        # bf16 where the CPU has it and keeps the KV cache in u8 (logits then drift by ~0.3 from
+        # the second step on). Measured here with OpenVINO 2026.4: float weights in bf16 on one
+        # thread also crash the CPU plugin's compilation with SIGFPE.
+        precision = "f32"
+    if precision != "auto":
+        props["INFERENCE_PRECISION_HINT"] = precision
+    if precision == "f32":
+        props["KV_CACHE_PRECISION"] = "f32"
     return props
 
 

@@ -1,0 +1,189 @@
+"""Turning the runs of ``shoal bench shards`` into its JSON object, a text table and a Markdown section.
+
+:func:`build_report` is pure: run results in, one JSON-ready dict out. The renderers only read
+that dict, so the table, the Markdown and ``--json`` always show the same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from agent.bench.stats import Summary, agreement, paired_ratios
+from agent.bench.worker import RunResult
+
+BASELINE = "mono"
+SHOAL_CONFIGS = ("1-stage", "2-stage", "3-stage")
+GOALS = {"1-stage": 0.97, "2-stage": 0.95, "3-stage": 0.93}
+"""Decode speed each shoal configuration should reach, as a fraction of the monolithic baseline."""
+
+
+def config_figures(runs: Sequence[RunResult]) -> dict[str, Any]:
+    """Median / min / max decode tok/s of one configuration, plus TTFT and the time split per token."""
+    speed = Summary.of([r.tok_s for r in runs])
+    ttft = Summary.of([r.ttft_s for r in runs])
+    figures: dict[str, Any] = {
+        "tok_s": speed.median,
+        "min": speed.min,
+        "max": speed.max,
+        "runs": speed.runs,
+        "tok_s_runs": [r.tok_s for r in runs],
+        "ttft_s": ttft.median,
+        "ttft_s_min": ttft.min,
+        "ttft_s_max": ttft.max,
+        "ms_per_token": Summary.of([1e3 * r.decode_s / (len(r.tokens) - 1) for r in runs]).median,
+        "load_s": Summary.of([r.load_s for r in runs]).median,
+        "peak_rss_mb": max(r.peak_rss_bytes for r in runs) / 1e6,
+        "threads": max(r.threads for r in runs),
+        "deterministic": all(r.tokens == runs[0].tokens for r in runs),
+        "cpu_share_min": min(r.cpu_share for r in runs),
+    }
+    timed = [r for r in runs if r.infer_s is not None and r.ov_latency_s is not None]
+    if timed:
+        def per_token(values: list[float]) -> float:
+            return 1e3 * Summary.of(values).median
+
+        steps = [len(r.tokens) - 1 for r in timed]
+        figures["infer_ms_per_token"] = per_token([r.infer_s / n for r, n in zip(timed, steps, strict=True)])
+        figures["python_ms_per_token"] = per_token(
+            [(r.decode_s - r.infer_s) / n for r, n in zip(timed, steps, strict=True)])
+        figures["binding_ms_per_token"] = per_token(
+            [(r.infer_s - r.ov_latency_s) / n for r, n in zip(timed, steps, strict=True)])
+        figures["python_share"] = Summary.of([(r.decode_s - r.infer_s) / r.decode_s for r in timed]).median
+    return figures
+
+
+def build_report(
+    model: str,
+    tokens: int,
+    runs: int,
+    results: Mapping[str, Sequence[RunResult]],
+    machine: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The one JSON object ``shoal bench shards --json`` prints."""
+    configs = {name: config_figures(r) for name, r in results.items()}
+    report: dict[str, Any] = {"model": model, "tokens": tokens, "runs": runs, "machine": dict(machine),
+                              "configs": configs}
+    if BASELINE in results:
+        base = configs[BASELINE]["tok_s"]
+        shoal = [name for name in SHOAL_CONFIGS if name in results]
+        report["ratios"] = {f"{name}/{BASELINE}": configs[name]["tok_s"] / base for name in shoal}
+        paired: dict[str, Any] = {}
+        for name in shoal:
+            summary = Summary.of(paired_ratios([r.tok_s for r in results[name]],
+                                               [r.tok_s for r in results[BASELINE]]))
+            paired[f"{name}/{BASELINE}"] = {"median": summary.median, "min": summary.min, "max": summary.max}
+        report["paired_ratios"] = paired
+        report["goals"] = {
+            name: {"target": GOALS[name], "ratio": configs[name]["tok_s"] / base,
+                   "pass": configs[name]["tok_s"] >= GOALS[name] * base}
+            for name in shoal if name in GOALS
+        }
+    report["agreement"] = _agreements(results, tokens)
+    if extra:
+        report.update(extra)
+    return report
+
+
+def _agreements(results: Mapping[str, Sequence[RunResult]], tokens: int) -> dict[str, Any]:
+    """Greedy tokens compared: 1-stage vs mono (same weights, two runtimes), and each split vs 1-stage."""
+    pairs = [("1-stage", BASELINE), ("2-stage", "1-stage"), ("3-stage", "1-stage")]
+    out: dict[str, Any] = {}
+    for name, reference in pairs:
+        if name in results and reference in results:
+            out[f"{name}/{reference}"] = asdict(agreement(results[name][0].tokens, results[reference][0].tokens))
+    return out
+
+
+# -- rendering -------------------------------------------------------------------------------------
+def _ratio(report: Mapping[str, Any], name: str) -> float | None:
+    value = report.get("ratios", {}).get(f"{name}/{BASELINE}")
+    return None if value is None else float(value)
+
+
+def _goal(report: Mapping[str, Any], name: str) -> str:
+    goal = report.get("goals", {}).get(name)
+    if goal is None:
+        return "-"
+    return f"≥ {goal['target']:.2f}: {'pass' if goal['pass'] else 'FAIL'}"
+
+
+def _share(figures: Mapping[str, Any]) -> str:
+    share = figures.get("python_share")
+    return "-" if share is None else f"{100 * share:.1f} %"
+
+
+def render_table(report: Mapping[str, Any]) -> str:
+    """A plain-text table for the terminal."""
+    machine = report["machine"]
+    lines = [
+        f"shoal bench shards: {report['model']}, {report['tokens']} greedy tokens, median (min-max) of "
+        f"{report['runs']} runs, 1 thread pinned to core {machine.get('pinned_core')}",
+        f"{machine.get('cpu', '?')}; OpenVINO {machine.get('openvino', '?')}",
+        "",
+        f"{'config':<8} {'decode tok/s':>22} {'× mono':>7} {'ms/tok':>7} {'TTFT s':>7} {'python':>7}  goal",
+    ]
+    for name, figures in report["configs"].items():
+        ratio = _ratio(report, name)
+        speed = f"{figures['tok_s']:.1f} ({figures['min']:.1f}-{figures['max']:.1f})"
+        lines.append(
+            f"{name:<8} {speed:>22} {'-' if ratio is None else f'{ratio:.3f}':>7} "
+            f"{figures['ms_per_token']:>7.2f} {figures['ttft_s']:>7.3f} {_share(figures):>7}  {_goal(report, name)}"
+        )
+    for pair, agreed in report.get("agreement", {}).items():
+        first = agreed["first_difference"]
+        lines.append(f"tokens {pair}: {agreed['same']}/{agreed['total']} identical"
+                     + ("" if first is None else f", first difference at token {first}"))
+    return "\n".join(lines)
+
+
+def render_markdown(report: Mapping[str, Any], command: str) -> str:
+    """A section for docs/benchmarks.md: date, command, machine, results table, goals."""
+    machine = report["machine"]
+    lines = [
+        f"## {report['model']}: shards vs openvino_genai, {machine.get('date', '')}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
+        f"{machine.get('memory_gb', 0):.0f} GB RAM; every configuration in its own process pinned to core "
+        f"{machine.get('pinned_core')} with `INFERENCE_NUM_THREADS=1`; OpenVINO {machine.get('openvino', '?')}, "
+        f"openvino-genai {machine.get('openvino_genai', '?')}, optimum-intel {machine.get('optimum_intel', '?')}.",
+        f"Prompt: {report.get('prompt_tokens', '?')} tokens, then {report['tokens']} greedy tokens (stop tokens "
+        f"ignored), {report['runs']} runs interleaved across configurations. Decode tok/s excludes the first "
+        "token; TTFT is reported apart. `mono` = `openvino_genai.LLMPipeline` (prefix caching off) on an "
+        "optimum-intel export with the same int4 settings; `N-stage` = shoal stages chained in one process.",
+        "",
+        "| config | decode tok/s median | min | max | × mono | paired × mono (min-max) | ms/token | TTFT s "
+        "| Python share | goal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, figures in report["configs"].items():
+        ratio = _ratio(report, name)
+        paired = report.get("paired_ratios", {}).get(f"{name}/{BASELINE}")
+        paired_text = "-" if paired is None else f"{paired['median']:.3f} ({paired['min']:.3f}-{paired['max']:.3f})"
+        lines.append(
+            f"| {name} | {figures['tok_s']:.1f} | {figures['min']:.1f} | {figures['max']:.1f} | "
+            f"{'1' if name == BASELINE else '-' if ratio is None else f'{ratio:.3f}'} | {paired_text} | "
+            f"{figures['ms_per_token']:.2f} | {figures['ttft_s']:.3f} | {_share(figures)} | {_goal(report, name)} |"
+        )
+    lines.append("")
+    for pair, agreed in report.get("agreement", {}).items():
+        first = agreed["first_difference"]
+        lines.append(f"- Greedy tokens {pair}: {agreed['same']}/{agreed['total']} identical"
+                     + ("." if first is None else f" (first difference at token {first})."))
+    shares = [(name, f) for name, f in report["configs"].items() if "python_share" in f]
+    if shares:
+        lines.append("- Per token, shoal configs: " + "; ".join(
+            f"{name} {f['infer_ms_per_token']:.2f} ms in `InferRequest.infer` (of which "
+            f"{f['binding_ms_per_token']:.2f} ms input binding), {f['python_ms_per_token']:.2f} ms Python"
+            for name, f in shares) + ".")
+    if "repeated_runs" in report:
+        repeated = ", ".join(f"{name} {n}" for name, n in report["repeated_runs"].items() if n) or "none"
+        lowest = ", ".join(f"{name} {f['cpu_share_min']:.2f}" for name, f in report["configs"].items())
+        lines.append(f"- Runs repeated because another process took the core (CPU share below "
+                     f"{report.get('min_cpu_share', 0):.2f}): {repeated}. Lowest CPU share kept: {lowest}.")
+    lines.append("")
+    return "\n".join(lines) + "\n"

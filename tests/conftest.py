@@ -1,0 +1,117 @@
+"""Shared fixtures: real exports of SmolLM2 (made once per test session) and the HF reference.
+
+Exports are the expensive part of the suite, so each (stages, weights) export is built at most
+once per session, under pytest's session temp folder, through the same code path as
+``shoal export``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in item.path.parts:
+            item.add_marker(pytest.mark.slow)
+        elif not any(m.name == "slow" for m in item.iter_markers()):
+            item.add_marker(pytest.mark.fast)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quiet() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in ("nncf", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shoal-cache")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    from shards.checkpoint.known_models import smollm2_gguf
+
+    return smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Callable[..., Path]:
+    """``exported(stages, weights, **extra)`` -> folder of a SmolLM2 export, built once per session."""
+    from shards.export.exporter import ExportRequest, export
+
+    root = tmp_path_factory.mktemp("exports")
+    made: dict[tuple[object, ...], Path] = {}
+
+    def make(stages: int, weights: str = "fp32", **extra: object) -> Path:
+        key = (stages, weights, *sorted(extra.items()))
+        if key not in made:
+            suffix = "-".join(f"{k}{v}" for k, v in sorted(extra.items()))
+            out = root / f"smollm2-{stages}-{weights}{'-' + suffix if suffix else ''}"
+            export(ExportRequest(source="smollm2", out_dir=out, stages=stages, weights=weights, **extra),  # type: ignore[arg-type]
+                   cache_dir, progress=False)
+            made[key] = out
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def chat_ids(exported: Callable[..., Path]) -> list[list[int]]:
+    """Token ids of the test prompts under the export's chat template."""
+    from agent.head.chat import ChatTokenizer
+
+    tokenizer = ChatTokenizer(exported(1, "fp32") / "tokenizer")
+    return [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+
+
+@pytest.fixture(scope="session")
+def hf_reference(smollm2_gguf: Path, chat_ids: list[list[int]]) -> list[tuple[list[int], np.ndarray]]:
+    """Greedy tokens (64, stop tokens ignored) and per-step logits of transformers in fp32 torch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
+    ).eval()
+    results = []
+    with torch.no_grad():
+        for ids in chat_ids:
+            out = model(torch.tensor([ids]), use_cache=True)
+            tokens, logits = [], []
+            for _ in range(64):
+                step_logits = out.logits[0, -1].numpy().copy()
+                logits.append(step_logits)
+                token = int(step_logits.argmax())
+                tokens.append(token)
+                out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+            results.append((tokens, np.stack(logits)))
+    return results
+
+
+def greedy(session: object, prompt_ids: list[int], n: int = 64) -> tuple[list[int], np.ndarray]:
+    """Greedy decode of exactly ``n`` tokens (stop tokens ignored); returns tokens and step logits."""
+    step = session.step  # type: ignore[attr-defined]
+    logits = step(np.asarray([prompt_ids], dtype=np.int64))[0, -1].copy()
+    tokens, all_logits = [], []
+    for _ in range(n):
+        all_logits.append(logits)
+        token = int(logits.argmax())
+        tokens.append(token)
+        logits = step(np.asarray([[token]], dtype=np.int64))[0, -1].copy()
+    return tokens, np.stack(all_logits)
