@@ -1,0 +1,141 @@
+"""Acceptance 5: bad input ends in one line on stderr, a non-zero exit, and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from shards.errors import CorruptCheckpointError, ShoalError
+
+
+def shoal(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def assert_one_line_failure(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("shoal: error:")]
+    assert len(errors) == 1, result.stderr
+    for needle in needles:
+        assert needle in errors[0]
+    assert result.stdout == ""
+
+
+def assert_nothing_left(out: Path) -> None:
+    assert not out.exists()
+    assert not out.with_name(out.name + ".incomplete").exists()
+
+
+def test_unsupported_architecture(tmp_path: Path, cache_dir: Path) -> None:
+    from safetensors.torch import save_file
+
+    model = tmp_path / "gpt2-like"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 8, "n_head": 2}))
+    save_file({"wte.weight": torch.zeros(4, 8)}, str(model / "model.safetensors"))
+    out = tmp_path / "out"
+    result = shoal("export", str(model), "--stages", "2", "--out", str(out), cache=cache_dir)
+    assert_one_line_failure(result, "unsupported architecture 'gpt2'", "Llama", "Qwen2")
+    assert_nothing_left(out)
+
+
+def test_more_stages_than_layers(tmp_path: Path, cache_dir: Path) -> None:
+    out = tmp_path / "out"
+    result = shoal("export", "smollm2", "--stages", "31", "--out", str(out), cache=cache_dir)
+    assert_one_line_failure(result, "30 layers", "31 stages")
+    assert_nothing_left(out)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_corrupt_gguf(damage: str, tmp_path: Path, cache_dir: Path, smollm2_gguf: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    data = smollm2_gguf.read_bytes()
+    bad.write_bytes(data[: len(data) // 5] if damage == "truncated" else b"\x00garbage" * 4096)
+    out = tmp_path / "out"
+    result = shoal("export", str(bad), "--stages", "2", "--out", str(out), cache=cache_dir)
+    assert_one_line_failure(result, "bad.gguf", "not a readable GGUF")
+    assert_nothing_left(out)
+
+
+def test_missing_source(tmp_path: Path, cache_dir: Path) -> None:
+    out = tmp_path / "out"
+    result = shoal("export", str(tmp_path / "absent.gguf"), "--stages", "2", "--out", str(out), cache=cache_dir)
+    assert_one_line_failure(result, "absent.gguf", "no such file")
+    assert_nothing_left(out)
+
+
+def test_failure_mid_export_leaves_nothing(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint that breaks while the second stage is loading leaves no folder behind."""
+    from shards.checkpoint.gguf_file import GgufCheckpoint
+    from shards.export.exporter import ExportRequest, export
+
+    real_tensor = GgufCheckpoint.tensor
+
+    def failing_tensor(self: GgufCheckpoint, name: str) -> torch.Tensor:
+        if name.startswith("model.layers.20."):
+            raise CorruptCheckpointError("simulated read error in layer 20")
+        return real_tensor(self, name)
+
+    monkeypatch.setattr(GgufCheckpoint, "tensor", failing_tensor)
+    out = tmp_path / "out"
+    with pytest.raises(CorruptCheckpointError):
+        export(ExportRequest(source="smollm2", out_dir=out, stages=2, weights="fp16"), cache_dir, progress=False)
+    assert_nothing_left(out)
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "missing file", "bad manifest"])
+def test_damaged_export_is_refused(
+    damage: str, tmp_path: Path, cache_dir: Path, exported: Callable[..., Path]
+) -> None:
+    folder = tmp_path / "export"
+    shutil.copytree(exported(2, "fp32"), folder)
+    weights = folder / "stage-1" / "openvino_model.bin"
+    if damage == "flipped byte":
+        with weights.open("r+b") as f:
+            f.seek(1000)
+            byte = f.read(1)
+            f.seek(1000)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        needle = "sha256 does not match"
+    elif damage == "missing file":
+        weights.unlink()
+        needle = "missing"
+    else:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["format_version"] = 99
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        needle = "format 99 is not supported"
+    result = shoal("generate", str(folder), "hello", "--max-tokens", "4", cache=cache_dir)
+    assert_one_line_failure(result, needle)
+
+
+def test_export_over_foreign_folder_is_refused(tmp_path: Path, cache_dir: Path) -> None:
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "notes.txt").write_text("not an export")
+    result = shoal("export", "smollm2", "--stages", "2", "--out", str(out), cache=cache_dir)
+    assert_one_line_failure(result, "is not an export")
+    assert (out / "notes.txt").read_text() == "not an export"
+
+
+def test_errors_share_one_root() -> None:
+    from shards import errors
+
+    for name in ("SourceError", "UnsupportedModelError", "CorruptCheckpointError", "ExportError",
+                 "ManifestError", "IntegrityError", "RuntimeStageError"):
+        assert issubclass(getattr(errors, name), ShoalError)

@@ -1,0 +1,101 @@
+"""Acceptance 4 (the Qwen2 path) and draft models, on small random models made by the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.runtime import CompiledStage, LocalPipeline, RuntimeConfig
+from shards.errors import ExportError
+from shards.export.exporter import ExportRequest, export
+from shards.manifest import Manifest
+from tests.conftest import greedy
+
+
+def _save_random_model(folder: Path, config: object, tokenizer_dir: Path, seed: int) -> torch.nn.Module:
+    """A randomly initialised causal LM (biases too) saved as a Hugging Face folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):  # HF initialises biases to zero: make them count
+                param.normal_(0.0, 0.5)
+    model.save_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(folder))
+    return model
+
+
+def _hf_greedy(model: torch.nn.Module, ids: list[int], n: int) -> list[int]:
+    tokens = []
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(n):
+            token = int(out.logits[0, -1].argmax())
+            tokens.append(token)
+            out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(exported: Callable[..., Path]) -> Path:
+    return exported(1, "fp32") / "tokenizer"
+
+
+def test_qwen2_two_stages_match_transformers(
+    tmp_path: Path, cache_dir: Path, tokenizer_dir: Path, chat_ids: list[list[int]]
+) -> None:
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
+    )
+    source = tmp_path / "qwen2-tiny"
+    model = _save_random_model(source, config, tokenizer_dir, seed=7)
+    out = tmp_path / "qwen2-export"
+    manifest = export(ExportRequest(source=str(source), out_dir=out, stages=2, weights="fp32"), cache_dir,
+                      progress=False)
+    assert manifest.arch.family == "qwen2" and manifest.arch.qkv_bias
+    pipeline = LocalPipeline(out, manifest, RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
+    for ids in chat_ids[:2]:
+        tokens, _ = greedy(pipeline.new_session(), ids, n=32)
+        assert tokens == _hf_greedy(model, ids, 32)
+
+
+def test_draft_model_export_and_vocabulary_check(
+    tmp_path: Path, cache_dir: Path, tokenizer_dir: Path, chat_ids: list[list[int]]
+) -> None:
+    from transformers import AutoTokenizer, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
+    )
+    draft = tmp_path / "draft-tiny"
+    model = _save_random_model(draft, config, tokenizer_dir, seed=3)
+    out = tmp_path / "with-draft"
+    manifest = export(ExportRequest(source="smollm2", out_dir=out, stages=2, weights="fp32",
+                                    draft_source=str(draft)), cache_dir, progress=False)
+    assert manifest.draft is not None and manifest.draft.kind == "model"
+    assert manifest.draft.arch.num_layers == 2
+    # the draft graph runs on its own (one stateful graph) and reproduces its transformers model
+    stage = CompiledStage(out, manifest.draft.graph, "fp32", RuntimeConfig(device="CPU"))
+    tokens, _ = greedy(stage.new_session(), chat_ids[0], n=16)
+    assert tokens == _hf_greedy(model, chat_ids[0], 16)
+
+    # a draft whose tokenizer maps ids differently is refused with a clear message
+    other = tmp_path / "draft-other-vocab"
+    _save_random_model(other, config, tokenizer_dir, seed=4)
+    tok = AutoTokenizer.from_pretrained(str(other))
+    tok.add_tokens(["<shoal-extra-token>"])
+    tok.save_pretrained(str(other))
+    with pytest.raises(ExportError, match="does not share the target's tokenizer"):
+        export(ExportRequest(source="smollm2", out_dir=tmp_path / "refused", stages=2, weights="fp32",
+                             draft_source=str(other)), cache_dir, progress=False)
+    assert not (tmp_path / "refused").exists()
+    assert Manifest.load(out).draft is not None

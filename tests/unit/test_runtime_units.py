@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.head.sampling import Sampler, SamplingParams
+from agent.runtime.stage import RuntimeConfig, choose_device, compile_properties
+from shards.errors import RuntimeStageError, ShoalError
+
+
+@pytest.mark.parametrize(
+    ("requested", "available", "chosen"),
+    [
+        ("AUTO", ["CPU"], "CPU"),
+        ("AUTO", ["CPU", "GPU.1", "GPU.0", "NPU"], "GPU.0"),
+        ("AUTO", ["CPU", "NPU"], "CPU"),
+        ("gpu", ["CPU", "GPU.0"], "GPU.0"),
+        ("GPU.1", ["CPU", "GPU.0", "GPU.1"], "GPU.1"),
+        ("NPU", ["CPU", "NPU"], "NPU"),
+    ],
+)
+def test_choose_device(requested: str, available: list[str], chosen: str) -> None:
+    assert choose_device(requested, available) == chosen
+
+
+@pytest.mark.parametrize(("requested", "message"), [("GPU", "not available"), ("TPU", "unknown device")])
+def test_choose_device_refuses(requested: str, message: str) -> None:
+    with pytest.raises(RuntimeStageError, match=message):
+        choose_device(requested, ["CPU"])
+
+
+def test_float_exports_compile_exact() -> None:
+    props = compile_properties("CPU", "fp32", RuntimeConfig(threads=1))
+    assert props["INFERENCE_PRECISION_HINT"] == "f32" and props["KV_CACHE_PRECISION"] == "f32"
+    assert props["INFERENCE_NUM_THREADS"] == "1"
+    assert "INFERENCE_PRECISION_HINT" not in compile_properties("CPU", "int4", RuntimeConfig())
+    assert compile_properties("GPU.0", "int4", RuntimeConfig(precision="f16"))["INFERENCE_PRECISION_HINT"] == "f16"
+    with pytest.raises(RuntimeStageError):
+        RuntimeConfig(precision="f8")
+
+
+def test_greedy_picks_argmax() -> None:
+    logits = np.array([0.1, 3.0, -1.0, 2.9])
+    assert Sampler(SamplingParams()).pick(logits) == 1
+
+
+def test_top_k_and_top_p_restrict_the_support() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    probs = Sampler(SamplingParams(temperature=1.0, top_k=2)).probabilities(logits)
+    assert np.count_nonzero(probs) == 2 and probs[0] == pytest.approx(0.5 / 0.8)
+    probs = Sampler(SamplingParams(temperature=1.0, top_p=0.85)).probabilities(logits)
+    assert np.count_nonzero(probs) == 3
+
+
+def test_seeded_sampling_is_repeatable_and_follows_the_distribution() -> None:
+    logits = np.log(np.array([0.6, 0.3, 0.1]))
+    draws = [Sampler(SamplingParams(temperature=1.0, seed=5)).pick(logits) for _ in range(3)]
+    assert len(set(draws)) == 1
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=1))
+    counts = np.bincount([sampler.pick(logits) for _ in range(6000)], minlength=3) / 6000
+    assert np.allclose(counts, [0.6, 0.3, 0.1], atol=0.03)
+
+
+def test_bad_sampling_params() -> None:
+    with pytest.raises(ShoalError):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ShoalError):
+        SamplingParams(top_p=0)

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shards.architecture import ArchSpec
+from shards.errors import ExportError
+from shards.export.split import plan_layer_split
+
+
+def spec(layers: int, vocab: int = 49152) -> ArchSpec:
+    return ArchSpec("llama", "llama", layers, 576, 1536, 9, 3, 64, vocab, 1e-5, False, False, False, True, 8192)
+
+
+@given(layers=st.integers(1, 80), stages=st.integers(1, 8), weights=st.sampled_from(["int4", "int8", "fp16", "fp32"]))
+def test_split_is_contiguous_complete_and_non_empty(layers: int, stages: int, weights: str) -> None:
+    if stages > layers:
+        with pytest.raises(ExportError):
+            plan_layer_split(spec(layers), stages, weights)
+        return
+    ranges = plan_layer_split(spec(layers), stages, weights)
+    assert len(ranges) == stages
+    assert ranges[0].start == 0 and ranges[-1].stop == layers
+    assert all(len(r) >= 1 for r in ranges)
+    assert all(a.stop == b.start for a, b in zip(ranges, ranges[1:], strict=False))
+
+
+def test_heavy_head_gets_fewer_layers() -> None:
+    ranges = plan_layer_split(spec(30), 2, "int4")
+    assert len(ranges[1]) < len(ranges[0])  # the LM head weighs as much as several layers
+
+
+def test_without_head_weight_split_is_even() -> None:
+    ranges = plan_layer_split(spec(30, vocab=1), 3, "fp32")
+    assert [len(r) for r in ranges] == [10, 10, 10]
+
+
+def test_zero_stages_refused() -> None:
+    with pytest.raises(ExportError, match="at least 1"):
+        plan_layer_split(spec(4), 0, "int4")
