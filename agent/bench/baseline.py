@@ -6,8 +6,8 @@ same checkpoint exported whole by optimum-intel, with the compression shoal appl
 optimum-intel reads Hugging Face folders only, so a GGUF checkpoint is first dequantized into one
 (float32 safetensors and tokenizer); that folder is deleted once the OpenVINO export is in place.
 
-Every export runs in a child process of its own, so this process stays small and each step's
-peak resident memory can be read from the kernel (``wait4``'s ``ru_maxrss``): the figures that
+Every export runs in a child process of its own (through :mod:`agent.bench.peak`), so this
+process stays small and each step's peak resident memory is recorded: the figures that
 docs/benchmarks.md compares for whole-model and per-stage exports.
 
 ``python -m agent.bench.baseline gguf-to-hf GGUF OUT`` is the child that dequantizes a GGUF.
@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,24 +66,24 @@ class PreparedExport:
                 "steps": {name: asdict(m) for name, m in self.steps.items()}}
 
 
-def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
-    """Run ``cmd`` with its stdout sent to our stderr; wait for it and read its peak RSS."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=sys.stderr.fileno(), env=env)
-    # wait4 reports this child's own rusage (and that of its waited-for descendants)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return Measured(returncode=proc.returncode, seconds=time.perf_counter() - start,
-                    peak_rss_bytes=usage.ru_maxrss * 1024)
+def run_measured(module: str, args: list[str], env: dict[str, str] | None = None) -> Measured:
+    """``python -m MODULE ARGS`` with its stdout sent to our stderr; its wall time and peak RSS."""
+    with tempfile.TemporaryDirectory(prefix="shoal-peak-") as tmp:
+        peak_file = Path(tmp) / "peak"
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "agent.bench.peak", str(peak_file), module, *args],
+                              stdout=sys.stderr.fileno(), env=env)
+        seconds = time.perf_counter() - start
+        peak = int(peak_file.read_text()) if peak_file.is_file() else 0
+    return Measured(returncode=proc.returncode, seconds=seconds, peak_rss_bytes=peak)
 
 
 def shoal_export(source: str, stages: int, out: Path, cache_dir: Path) -> PreparedExport:
     """``shoal export SOURCE --stages N --out OUT`` in a child process (reused when up to date)."""
     manifest = out / "manifest.json"
     before = manifest.stat().st_mtime_ns if manifest.is_file() else None
-    cmd = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir),
-           "export", source, "--stages", str(stages), "--out", str(out)]
-    measured = run_measured(cmd)
+    measured = run_measured("agent.cli.main", ["--cache-dir", str(cache_dir), "export", source,
+                                               "--stages", str(stages), "--out", str(out)])
     if measured.returncode:
         raise BenchError(f"`shoal export {source} --stages {stages}` failed (exit {measured.returncode}, see above);"
                          f" if {out} is stale, delete it and run again")
@@ -117,16 +118,15 @@ def optimum_export(source: str, out: Path, cache_dir: Path) -> PreparedExport:
             shutil.rmtree(hf_dir, ignore_errors=True)
             gguf = Path(checkpoint.path)  # type: ignore[attr-defined]
             print(f"bench: dequantizing {gguf.name} into a Hugging Face folder for optimum-intel", file=sys.stderr)
-            steps["gguf-to-hf"] = _checked(
-                [sys.executable, "-m", "agent.bench.baseline", "gguf-to-hf", str(gguf), str(hf_dir)],
-                "converting the GGUF into a Hugging Face folder")
+            steps["gguf-to-hf"] = _checked("agent.bench.baseline", ["gguf-to-hf", str(gguf), str(hf_dir)],
+                                           "converting the GGUF into a Hugging Face folder")
             model_dir = hf_dir
         else:
             model_dir = Path(checkpoint.folder)  # type: ignore[attr-defined]
         print("bench: exporting the whole model with optimum-intel (int4 sym, group 128)", file=sys.stderr)
         steps["optimum-export"] = _checked(
-            [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "-m", str(model_dir),
-             *OPTIMUM_INT4_ARGS, str(staging)],
+            "optimum.commands.optimum_cli", ["export", "openvino", "-m", str(model_dir), *OPTIMUM_INT4_ARGS,
+                                             str(staging)],
             "optimum-cli export openvino")
         if not (staging / "openvino_tokenizer.xml").is_file():
             raise BenchError("optimum-intel wrote no openvino_tokenizer.xml, which LLMPipeline needs "
@@ -152,9 +152,9 @@ def recorded_steps(export: Path) -> dict[str, Measured]:
         return {}
 
 
-def _checked(cmd: list[str], what: str) -> Measured:
+def _checked(module: str, args: list[str], what: str) -> Measured:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    measured = run_measured(cmd, env=env)
+    measured = run_measured(module, args, env=env)
     if measured.returncode:
         raise BenchError(f"{what} failed (exit {measured.returncode}, see above)")
     log.info("%s: %.0f s, peak RSS %.0f MB", what, measured.seconds, measured.peak_rss_bytes / 1e6)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from agent.bench.peak import peak_rss_bytes
 
 KINDS = ("mono", "shoal")
 
@@ -139,7 +140,7 @@ def run_shoal(spec: RunSpec) -> RunResult:
         ttft_s=stamps[0] - began,
         decode_s=stamps[-1] - stamps[0],
         load_s=load_s,
-        peak_rss_bytes=_peak_rss(),
+        peak_rss_bytes=peak_rss_bytes(),
         threads=_threads(),
         cpu_share=share.value,
         infer_s=sum(t.infer_s for t in timers) - at_first[0],
@@ -185,7 +186,7 @@ def run_mono(spec: RunSpec) -> RunResult:
         ttft_s=float(raw.m_times_to_first_token[0]) / 1e6,
         decode_s=float(sum(raw.m_durations)) / 1e6,
         load_s=load_s,
-        peak_rss_bytes=_peak_rss(),
+        peak_rss_bytes=peak_rss_bytes(),
         threads=_threads(),
         cpu_share=share.value,
     )
@@ -204,10 +205,6 @@ class _CpuShare:
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self._wall
         self.value = (time.process_time() - self._cpu) / wall if wall > 0 else 0.0
-
-
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _threads() -> int:

@@ -54,7 +54,7 @@ def test_manifest_describes_the_split(exported: Callable[..., Path]) -> None:
     folder = exported(3, "int4")
     manifest = Manifest.load(folder)
     manifest.verify(folder, progress=False)
-    assert [s.layer_start for s in manifest.stages][0] == 0
+    assert manifest.stages[0].layer_start == 0
     assert manifest.stages[-1].layer_stop == manifest.arch.num_layers == 30
     assert [s.embeddings for s in manifest.stages] == [True, False, False]
     assert [s.head for s in manifest.stages] == [False, False, True]

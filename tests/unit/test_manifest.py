@@ -65,7 +65,7 @@ def test_bad_manifests_are_refused(tmp_path: Path, edit, message: str) -> None: 
 
 
 def test_missing_manifest(tmp_path: Path) -> None:
-    with pytest.raises(ManifestError, match="no manifest.json"):
+    with pytest.raises(ManifestError, match=r"no manifest\.json"):
         Manifest.load(tmp_path)
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,7 +25,7 @@ def test_split_is_contiguous_complete_and_non_empty(layers: int, stages: int, we
     assert len(ranges) == stages
     assert ranges[0].start == 0 and ranges[-1].stop == layers
     assert all(len(r) >= 1 for r in ranges)
-    assert all(a.stop == b.start for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(a.stop == b.start for a, b in itertools.pairwise(ranges))
 
 
 def test_heavy_head_gets_fewer_layers() -> None:

