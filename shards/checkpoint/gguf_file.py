@@ -13,9 +13,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import torch
 
+from shards.architecture import SUPPORTED_MODEL_TYPES, SUPPORTED_NAMES
 from shards.checkpoint.base import sha256_files
 from shards.errors import CorruptCheckpointError, UnsupportedModelError
 
@@ -28,8 +30,6 @@ class GgufCheckpoint:
     kind = "gguf"
 
     def __init__(self, path: Path) -> None:
-        import gguf
-        from transformers import AutoConfig
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
         self.path = path
@@ -42,20 +42,63 @@ class GgufCheckpoint:
         if arch_field is None:
             raise CorruptCheckpointError(f"{path}: GGUF header has no general.architecture")
         self.gguf_arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
-        try:
-            self.config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        except ValueError as exc:
-            raise UnsupportedModelError(f"{path.name}: {exc}") from exc
-        except Exception as exc:
-            raise CorruptCheckpointError(f"{path}: cannot read GGUF metadata ({exc})") from exc
         self._tensors = {t.name: t for t in self._reader.tensors}
+        self.config = self._config()
         processor_cls = TENSOR_PROCESSORS.get(self.gguf_arch, TensorProcessor)
         self._processor = processor_cls(config=self.config.to_dict())
 
+    def _field(self, key: str) -> Any:
+        field = self._reader.fields.get(key)
+        if field is None or not field.data:
+            return None
+        value = field.parts[field.data[0]]
+        if field.types and field.types[0] == gguf.GGUFValueType.STRING:
+            return bytes(value).decode("utf-8", "replace")
+        return value.tolist()[0]
+
+    def _config(self) -> Any:
+        """The transformers config, from the GGUF's model keys only.
+
+        ``AutoConfig.from_pretrained(gguf_file=...)`` parses the whole file again, tokenizer
+        arrays included (seconds for a 49k vocabulary); the mapping it uses is the same.
+        """
+        from transformers import AutoConfig
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+        arch = self.gguf_arch
+        model_type = arch
+        name = self._field("general.name") or ""
+        if arch == "llama" and "mistral" in name.lower():
+            model_type = "mistral"
+        mapping = GGUF_CONFIG_MAPPING.get(arch)
+        if mapping is None or model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"{self.path.name}: unsupported architecture {arch!r}: shoal exports {SUPPORTED_NAMES}"
+            )
+        values: dict[str, Any] = {}
+        for key, config_key in mapping.items():
+            value = self._field(f"{arch}.{key}")
+            if config_key and value is not None:
+                values[config_key] = value
+        if "vocab_size" not in values:
+            tokens = self._reader.fields.get("tokenizer.ggml.tokens")
+            if tokens is None:
+                raise CorruptCheckpointError(f"{self.path.name}: no vocabulary size and no token list")
+            values["vocab_size"] = len(tokens.data)
+        for gguf_role, role in (("bos", "bos"), ("eos", "eos"), ("unknown", "unk"), ("padding", "pad")):
+            token_id = self._field(f"tokenizer.ggml.{gguf_role}_token_id")
+            if token_id is not None:
+                values[f"{role}_token_id"] = token_id
+        values["tie_word_embeddings"] = "output.weight" not in self._tensors
+        theta = values.pop("rope_theta", 10000.0)
+        values["rope_parameters"] = {"rope_type": "default", "rope_theta": float(theta)}
+        try:
+            return AutoConfig.for_model(model_type, **values)
+        except (ValueError, TypeError) as exc:
+            raise CorruptCheckpointError(f"{self.path.name}: inconsistent model metadata ({exc})") from exc
+
     @functools.cached_property
     def _name_map(self) -> Any:
-        import gguf
-
         arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.gguf_arch), None)
         if arch is None:
             raise UnsupportedModelError(f"gguf-py does not know the architecture {self.gguf_arch!r}")
