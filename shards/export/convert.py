@@ -37,8 +37,15 @@ def stage_io(has_embeddings: bool, has_head: bool) -> StageIO:
     return StageIO(inputs=(first, "attention_mask", "position_ids", "beam_idx"), outputs=(last,))
 
 
+def kv_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """Names of the past (input) and present (output) KV tensors before they become state."""
+    kinds = [f"{layer}.{kind}" for layer in range(num_layers) for kind in ("key", "value")]
+    return [f"past_key_values.{k}" for k in kinds], [f"present.{k}" for k in kinds]
+
+
 def trace_stage(module: StageModule, spec: ArchSpec, num_layers: int) -> ov.Model:
-    """Convert ``module`` to a stateful OpenVINO model with dynamic batch and sequence length."""
+    """Convert ``module`` to an OpenVINO model with dynamic batch and sequence length; the KV
+    cache is still explicit inputs/outputs (see :func:`make_stage_stateful`)."""
     batch, q_len, past_len = 1, 3, 2
     if module.has_embeddings:
         first = torch.ones((batch, q_len), dtype=torch.int64)
@@ -57,19 +64,21 @@ def trace_stage(module: StageModule, spec: ArchSpec, num_layers: int) -> ov.Mode
         model = ov.convert_model(module, example_input=(first, mask, positions, *past), input=shapes)
 
     io = stage_io(module.has_embeddings, module.has_head)
-    kv_names = [f"past_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}" for i in range(len(past))]
-    present_names = [f"present.{i // 2}.{'key' if i % 2 == 0 else 'value'}" for i in range(len(past))]
-    for port, name in zip(model.inputs, [*io.inputs[:3], *kv_names], strict=True):
+    past_names, present_names = kv_names(num_layers)
+    for port, name in zip(model.inputs, [*io.inputs[:3], *past_names], strict=True):
         port.get_tensor().set_names({name})
     for port, name in zip(model.outputs, [io.outputs[0], *present_names], strict=True):
         port.get_tensor().set_names({name})
-    _make_stateful(model, io.inputs[0], kv_names, present_names)
     return model
 
 
-def _make_stateful(model: ov.Model, main_input: str, kv_inputs: list[str], kv_outputs: list[str]) -> None:
+def make_stage_stateful(model: ov.Model, num_layers: int) -> None:
+    """Turn the explicit KV inputs/outputs of a traced stage into ReadValue/Assign state, with a
+    ``beam_idx`` Gather on every read."""
     from optimum.exporters.openvino.stateful import fuse_cache_reorder, make_stateful
 
+    main_input = model.inputs[0].get_any_name()
+    kv_inputs, kv_outputs = kv_names(num_layers)
     # optimum-intel's passes locate the batch through an input named input_ids or inputs_embeds;
     # a middle stage's input is hidden states, which is inputs_embeds in all but name.
     port = model.input(main_input)

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from shards.architecture import ArchSpec, arch_spec_from_config
 from shards.checkpoint import Checkpoint, open_checkpoint
 from shards.errors import ExportError, ManifestError
-from shards.export.convert import WEIGHT_FORMATS, compress_weights, stage_io, trace_stage
+from shards.export.convert import WEIGHT_FORMATS, compress_weights, make_stage_stateful, stage_io, trace_stage
 from shards.export.split import plan_layer_split
 from shards.export.stage_model import StageModule, stage_weight_names
 from shards.manifest import (
@@ -38,7 +38,7 @@ from shards.manifest import (
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_TOKENS = 4096
-STEPS = ("load", "trace", "compress", "save")
+STEPS = ("load", "trace", "convert", "compress", "save")
 
 
 @dataclass(frozen=True)
@@ -204,6 +204,8 @@ def _export_graph(
                 raise ExportError(f"{name}: conversion to OpenVINO failed: {type(exc).__name__}: {exc}") from exc
             del module
             gc.collect()
+        with _step(bar, "convert"):
+            make_stage_stateful(model, len(layers))
         with _step(bar, "compress"):
             model = compress_weights(model, weights, has_embeddings, has_head)
         with _step(bar, "save"):
