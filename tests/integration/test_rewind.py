@@ -72,3 +72,19 @@ def test_rewind_beyond_length_is_refused(exported: Callable[..., Path], cache_di
     session.step(np.asarray([[1, 2, 3]]))
     with pytest.raises(RuntimeStageError):
         session.rewind(4)
+
+
+def test_reset_starts_a_fresh_conversation_and_compiles_from_cache(
+    exported: Callable[..., Path], tmp_path: Path, chat_ids: list[list[int]]
+) -> None:
+    folder = exported(2, "fp32")
+    cache = tmp_path / "compiled"
+    pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", cache_dir=cache))
+    assert len(list(cache.glob("*.blob"))) == 2  # one compiled blob per stage, reused on restart
+    session = pipeline.new_session()
+    first = session.step(np.asarray([chat_ids[1]]))[0, -1].copy()
+    session.step(np.asarray([[5, 6, 7]]))
+    session.reset()
+    assert session.logical_length == 0
+    again = session.step(np.asarray([chat_ids[1]]))[0, -1].copy()
+    assert np.array_equal(first, again)
