@@ -52,13 +52,19 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Callable[..., Path]:
-    """``exported(stages, weights, **extra)`` -> folder of a SmolLM2 export, built once per session."""
+    """``exported(stages, weights, **extra)`` -> folder of a SmolLM2 export, built once per session.
+
+    The int4 3-stage export also carries a 4-layer self-draft, so that the draft tests reuse it
+    instead of paying for one more export.
+    """
     from shards.export.exporter import ExportRequest, export
 
     root = tmp_path_factory.mktemp("exports")
     made: dict[tuple[object, ...], Path] = {}
 
     def make(stages: int, weights: str = "fp32", **extra: object) -> Path:
+        if (stages, weights) == (3, "int4"):
+            extra.setdefault("self_draft_layers", 4)
         key = (stages, weights, *sorted(extra.items()))
         if key not in made:
             suffix = "-".join(f"{k}{v}" for k, v in sorted(extra.items()))

@@ -78,7 +78,7 @@ def test_second_export_is_reused(exported: Callable[..., Path], cache_dir: Path)
 
 
 def test_self_draft_is_one_stateful_graph(exported: Callable[..., Path]) -> None:
-    folder = exported(2, "int4", self_draft_layers=4)
+    folder = exported(3, "int4")
     manifest = Manifest.load(folder)
     assert manifest.draft is not None and manifest.draft.kind == "self"
     graph = manifest.draft.graph

@@ -46,17 +46,23 @@ def tokenizer_dir(exported: Callable[..., Path]) -> Path:
     return exported(1, "fp32") / "tokenizer"
 
 
-def test_qwen2_two_stages_match_transformers(
-    tmp_path: Path, cache_dir: Path, tokenizer_dir: Path, chat_ids: list[list[int]]
-) -> None:
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> tuple[Path, torch.nn.Module]:
+    """A small random Qwen2 (q/k/v biases) saved as a Hugging Face folder, with its torch model."""
     from transformers import Qwen2Config
 
     config = Qwen2Config(
         vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
     )
-    source = tmp_path / "qwen2-tiny"
-    model = _save_random_model(source, config, tokenizer_dir, seed=7)
+    folder = tmp_path_factory.mktemp("models") / "qwen2-tiny"
+    return folder, _save_random_model(folder, config, tokenizer_dir, seed=7)
+
+
+def test_qwen2_two_stages_match_transformers(
+    tmp_path: Path, cache_dir: Path, tiny_qwen2: tuple[Path, torch.nn.Module], chat_ids: list[list[int]]
+) -> None:
+    source, model = tiny_qwen2
     out = tmp_path / "qwen2-export"
     manifest = export(ExportRequest(source=str(source), out_dir=out, stages=2, weights="fp32"), cache_dir,
                       progress=False)
@@ -68,10 +74,15 @@ def test_qwen2_two_stages_match_transformers(
 
 
 def test_draft_model_export_and_vocabulary_check(
-    tmp_path: Path, cache_dir: Path, tokenizer_dir: Path, chat_ids: list[list[int]]
+    tmp_path: Path,
+    cache_dir: Path,
+    tokenizer_dir: Path,
+    tiny_qwen2: tuple[Path, torch.nn.Module],
+    chat_ids: list[list[int]],
 ) -> None:
     from transformers import AutoTokenizer, LlamaConfig
 
+    target = str(tiny_qwen2[0])
     config = LlamaConfig(
         vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
@@ -79,10 +90,10 @@ def test_draft_model_export_and_vocabulary_check(
     draft = tmp_path / "draft-tiny"
     model = _save_random_model(draft, config, tokenizer_dir, seed=3)
     out = tmp_path / "with-draft"
-    manifest = export(ExportRequest(source="smollm2", out_dir=out, stages=2, weights="fp32",
+    manifest = export(ExportRequest(source=target, out_dir=out, stages=2, weights="fp32",
                                     draft_source=str(draft)), cache_dir, progress=False)
     assert manifest.draft is not None and manifest.draft.kind == "model"
-    assert manifest.draft.arch.num_layers == 2
+    assert manifest.draft.arch.num_layers == 2 and manifest.draft.arch.family == "llama"
     # the draft graph runs on its own (one stateful graph) and reproduces its transformers model
     stage = CompiledStage(out, manifest.draft.graph, "fp32", RuntimeConfig(device="CPU"))
     tokens, _ = greedy(stage.new_session(), chat_ids[0], n=16)
@@ -95,7 +106,7 @@ def test_draft_model_export_and_vocabulary_check(
     tok.add_tokens(["<shoal-extra-token>"])
     tok.save_pretrained(str(other))
     with pytest.raises(ExportError, match="does not share the target's tokenizer"):
-        export(ExportRequest(source="smollm2", out_dir=tmp_path / "refused", stages=2, weights="fp32",
+        export(ExportRequest(source=target, out_dir=tmp_path / "refused", stages=2, weights="fp32",
                              draft_source=str(other)), cache_dir, progress=False)
     assert not (tmp_path / "refused").exists()
     assert Manifest.load(out).draft is not None
