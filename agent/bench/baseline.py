@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.bench import BenchError
 from shards.errors import ExportError, ShoalError
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,6 @@ OPTIMUM_INT4_ARGS = (
 )
 STAMP_NAME = "shoal-bench.json"
 """Written last into a finished baseline export: what it was made from."""
-
-
-class BenchError(ShoalError):
-    """A benchmark step (an export or a measured run) failed."""
 
 
 @dataclass(frozen=True)

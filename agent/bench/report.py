@@ -17,6 +17,8 @@ BASELINE = "mono"
 SHOAL_CONFIGS = ("1-stage", "2-stage", "3-stage")
 GOALS = {"1-stage": 0.97, "2-stage": 0.95, "3-stage": 0.93}
 """Decode speed each shoal configuration should reach, as a fraction of the monolithic baseline."""
+BUSY_NEIGHBOURS = 0.10
+"""Above this busy fraction of the other cores, a report warns that its figures are disturbed."""
 
 
 def config_figures(runs: Sequence[RunResult]) -> dict[str, Any]:
@@ -38,6 +40,7 @@ def config_figures(runs: Sequence[RunResult]) -> dict[str, Any]:
         "threads": max(r.threads for r in runs),
         "deterministic": all(r.tokens == runs[0].tokens for r in runs),
         "cpu_share_min": min(r.cpu_share for r in runs),
+        "others_busy_max": max(r.others_busy for r in runs),
     }
     timed = [r for r in runs if r.infer_s is not None and r.ov_latency_s is not None]
     if timed:
@@ -51,6 +54,7 @@ def config_figures(runs: Sequence[RunResult]) -> dict[str, Any]:
         figures["binding_ms_per_token"] = per_token(
             [(r.infer_s - r.ov_latency_s) / n for r, n in zip(timed, steps, strict=True)])
         figures["python_share"] = Summary.of([(r.decode_s - r.infer_s) / r.decode_s for r in timed]).median
+        figures["outside_ov_share"] = Summary.of([(r.decode_s - r.ov_latency_s) / r.decode_s for r in timed]).median
     return figures
 
 
@@ -98,6 +102,10 @@ def _agreements(results: Mapping[str, Sequence[RunResult]], tokens: int) -> dict
 
 
 # -- rendering -------------------------------------------------------------------------------------
+def _speed(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
 def _ratio(report: Mapping[str, Any], name: str) -> float | None:
     value = report.get("ratios", {}).get(f"{name}/{BASELINE}")
     return None if value is None else float(value)
@@ -115,6 +123,14 @@ def _share(figures: Mapping[str, Any]) -> str:
     return "-" if share is None else f"{100 * share:.1f} %"
 
 
+def _neighbours(report: Mapping[str, Any]) -> str:
+    busiest = max(f.get("others_busy_max", 0.0) for f in report["configs"].values())
+    text = f"The other cores were at most {100 * busiest:.0f} % busy during a timed run"
+    if busiest > BUSY_NEIGHBOURS:
+        text += " (they share caches and memory bandwidth: these figures are disturbed, run again on a quiet machine)"
+    return text + "."
+
+
 def render_table(report: Mapping[str, Any]) -> str:
     """A plain-text table for the terminal."""
     machine = report["machine"]
@@ -127,7 +143,7 @@ def render_table(report: Mapping[str, Any]) -> str:
     ]
     for name, figures in report["configs"].items():
         ratio = _ratio(report, name)
-        speed = f"{figures['tok_s']:.1f} ({figures['min']:.1f}-{figures['max']:.1f})"
+        speed = f"{_speed(figures['tok_s'])} ({_speed(figures['min'])}-{_speed(figures['max'])})"
         lines.append(
             f"{name:<8} {speed:>22} {'-' if ratio is None else f'{ratio:.3f}':>7} "
             f"{figures['ms_per_token']:>7.2f} {figures['ttft_s']:>7.3f} {_share(figures):>7}  {_goal(report, name)}"
@@ -136,6 +152,7 @@ def render_table(report: Mapping[str, Any]) -> str:
         first = agreed["first_difference"]
         lines.append(f"tokens {pair}: {agreed['same']}/{agreed['total']} identical"
                      + ("" if first is None else f", first difference at token {first}"))
+    lines.append(_neighbours(report))
     return "\n".join(lines)
 
 
@@ -148,13 +165,15 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
         f"Command: `{command}`",
         "",
         f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
-        f"{machine.get('memory_gb', 0):.0f} GB RAM; every configuration in its own process pinned to core "
-        f"{machine.get('pinned_core')} with `INFERENCE_NUM_THREADS=1`; OpenVINO {machine.get('openvino', '?')}, "
-        f"openvino-genai {machine.get('openvino_genai', '?')}, optimum-intel {machine.get('optimum_intel', '?')}.",
+        f"{machine.get('memory_gb', 0):.0f} GB RAM; OpenVINO {machine.get('openvino', '?')}, "
+        f"openvino-genai {machine.get('openvino_genai', '?')}, optimum-intel {machine.get('optimum_intel', '?')}. "
+        f"Every configuration runs in its own process ({report.get('workers', 'one process per run')}) pinned to "
+        f"core {machine.get('pinned_core')} with `INFERENCE_NUM_THREADS=1`.",
         f"Prompt: {report.get('prompt_tokens', '?')} tokens, then {report['tokens']} greedy tokens (stop tokens "
-        f"ignored), {report['runs']} runs interleaved across configurations. Decode tok/s excludes the first "
-        "token; TTFT is reported apart. `mono` = `openvino_genai.LLMPipeline` (prefix caching off) on an "
-        "optimum-intel export with the same int4 settings; `N-stage` = shoal stages chained in one process.",
+        f"ignored), each timed run right after an untimed warm-up of {report.get('warmup_tokens', '?')} tokens; "
+        f"{report['runs']} runs interleaved across configurations. Decode tok/s excludes the first token; TTFT is "
+        "reported apart. `mono` = `openvino_genai.LLMPipeline` (prefix caching off) on an optimum-intel export "
+        "with the same int4 settings; `N-stage` = shoal stages chained in one process (`LocalPipeline`).",
         "",
         "| config | decode tok/s median | min | max | × mono | paired × mono (min-max) | ms/token | TTFT s "
         "| Python share | goal |",
@@ -165,8 +184,8 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
         paired = report.get("paired_ratios", {}).get(f"{name}/{BASELINE}")
         paired_text = "-" if paired is None else f"{paired['median']:.3f} ({paired['min']:.3f}-{paired['max']:.3f})"
         lines.append(
-            f"| {name} | {figures['tok_s']:.1f} | {figures['min']:.1f} | {figures['max']:.1f} | "
-            f"{'1' if name == BASELINE else '-' if ratio is None else f'{ratio:.3f}'} | {paired_text} | "
+            f"| {name} | {_speed(figures['tok_s'])} | {_speed(figures['min'])} | {_speed(figures['max'])} | "
+            f"{'1.000' if name == BASELINE else '-' if ratio is None else f'{ratio:.3f}'} | {paired_text} | "
             f"{figures['ms_per_token']:.2f} | {figures['ttft_s']:.3f} | {_share(figures)} | {_goal(report, name)} |"
         )
     lines.append("")
@@ -176,14 +195,17 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
                      + ("." if first is None else f" (first difference at token {first})."))
     shares = [(name, f) for name, f in report["configs"].items() if "python_share" in f]
     if shares:
-        lines.append("- Per token, shoal configs: " + "; ".join(
-            f"{name} {f['infer_ms_per_token']:.2f} ms in `InferRequest.infer` (of which "
-            f"{f['binding_ms_per_token']:.2f} ms input binding), {f['python_ms_per_token']:.2f} ms Python"
+        lines.append("- Per decoded token, shoal configs: " + "; ".join(
+            f"{name} {f['infer_ms_per_token']:.2f} ms in `InferRequest.infer` calls (of which "
+            f"{f['binding_ms_per_token']:.2f} ms outside OpenVINO's own `latency`: input dispatch, output "
+            f"dict), {f['python_ms_per_token']:.2f} ms in our Python; everything outside OpenVINO "
+            f"{100 * f['outside_ov_share']:.1f} %"
             for name, f in shares) + ".")
     if "repeated_runs" in report:
         repeated = ", ".join(f"{name} {n}" for name, n in report["repeated_runs"].items() if n) or "none"
         lowest = ", ".join(f"{name} {f['cpu_share_min']:.2f}" for name, f in report["configs"].items())
         lines.append(f"- Runs repeated because another process took the core (CPU share below "
                      f"{report.get('min_cpu_share', 0):.2f}): {repeated}. Lowest CPU share kept: {lowest}.")
+    lines.append(f"- {_neighbours(report)}")
     lines.append("")
     return "\n".join(lines) + "\n"

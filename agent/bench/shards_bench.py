@@ -5,13 +5,19 @@ Method (docs/benchmarks.md, DESIGN.md "Measuring"):
 - same machine, same int4 weights (shoal's exports and an optimum-intel export of the same
   checkpoint, both int4 symmetric, group size 128), same prompt token ids on both sides;
 - every configuration gets one "PC": its own process pinned to one core with
-  ``INFERENCE_NUM_THREADS=1``, so compilation and caches of one never help another;
+  ``INFERENCE_NUM_THREADS=1``, so compilation and caches of one never help another; each run
+  gets a fresh process, whose timed generation directly follows an untimed warm-up generation
+  (``--warmup-tokens``). ``--resident-workers`` keeps one process per configuration for all its
+  runs instead: shorter, but measured here it favoured the shards over the long-lived
+  LLMPipeline by about 5 %, so it is not the default;
 - runs interleave the configurations (mono, 1, 2, 3, mono, 1, ...) to spread machine noise, and
-  each run generates exactly ``--tokens`` greedy tokens (stop tokens ignored) after a warm-up;
+  each run generates exactly ``--tokens`` greedy tokens (stop tokens ignored);
 - decode tok/s excludes the first token (time to first token is reported apart); results are
   the median and range over runs, and ratios are taken within this one invocation;
 - a run during which another process took the core (its CPU time / wall time below
-  ``--min-cpu-share``) is repeated, up to three times, and the repeats are counted in the report.
+  ``--min-cpu-share``) is repeated, up to three times, and the repeats are counted in the report;
+  the other cores share caches and memory bandwidth with it, so each run records how busy they
+  were, and ``--quiet-wait`` makes every run first wait for them to fall idle.
 
 Exports are cached under ``CACHE/bench/<model>/`` and reused by later runs.
 """
@@ -19,6 +25,7 @@ Exports are cached under ``CACHE/bench/<model>/`` and reused by later runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -26,14 +33,16 @@ import os
 import platform
 import re
 import shlex
-import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.bench.baseline import BenchError, PreparedExport, optimum_export, recorded_steps, shoal_export
+from agent.bench import BenchError
+from agent.bench.baseline import PreparedExport, optimum_export, recorded_steps, shoal_export
 from agent.bench.report import BASELINE, build_report, render_markdown, render_table
-from agent.bench.worker import RunResult, RunSpec
+from agent.bench.worker import RunResult, RunSpec, WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -46,58 +55,68 @@ DEFAULT_MIN_CPU_SHARE = 0.95
 """A run whose process got less of its core than this (another process ran there) is repeated..."""
 DISTURBED_RETRIES = 3
 """...at most this many times; the last attempt counts whatever its share."""
+QUIET_BUSY = 0.10
+"""With ``--quiet-wait``, a run starts once the other cores were at most this busy over a second."""
+QUIET_POLL_S = 5.0
+SETTLE_S = 0.2
+"""Pause before each run, so that the previous worker's threads are asleep."""
 MARKDOWN_TITLE = "# Benchmarks\n\nSections are appended by `shoal bench shards --markdown docs/benchmarks.md`.\n\n"
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What ``shoal bench shards`` was asked to measure, validated."""
+
+    model: str
+    configs: tuple[str, ...]
+    runs: int
+    tokens: int
+    warmup_tokens: int
+    core: int
+    prompt: str
+    min_cpu_share: float
+    quiet_wait: float
+    resident_workers: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BenchSettings:
+        if args.runs < 1 or args.tokens < 2:
+            raise BenchError("--runs must be at least 1 and --tokens at least 2")
+        warmup = getattr(args, "warmup_tokens", None)
+        min_share = getattr(args, "min_cpu_share", None)
+        return cls(
+            model=args.model,
+            configs=_configs(getattr(args, "configs", None)),
+            runs=args.runs,
+            tokens=args.tokens,
+            warmup_tokens=args.tokens if warmup is None else max(1, warmup),
+            core=_core(getattr(args, "core", None)),
+            prompt=getattr(args, "prompt", None) or DEFAULT_PROMPT,
+            min_cpu_share=DEFAULT_MIN_CPU_SHARE if min_share is None else min_share,
+            quiet_wait=max(0.0, getattr(args, "quiet_wait", None) or 0.0),
+            resident_workers=bool(getattr(args, "resident_workers", False)),
+        )
 
 
 def run_bench_shards(args: argparse.Namespace, cache_dir: Path) -> int:
     """Prepare (or reuse) the exports, run every configuration ``--runs`` times, report."""
-    configs = _configs(getattr(args, "configs", None))
-    if args.runs < 1 or args.tokens < 2:
-        raise BenchError("--runs must be at least 1 and --tokens at least 2")
-    core = _core(getattr(args, "core", None))
-    warmup = getattr(args, "warmup_tokens", None)
-    warmup_tokens = args.tokens if warmup is None else max(1, warmup)
-    prompt = getattr(args, "prompt", None) or DEFAULT_PROMPT
-
-    work = cache_dir / "bench" / _slug(args.model)
+    settings = BenchSettings.from_args(args)
+    work = cache_dir / "bench" / _slug(settings.model)
     work.mkdir(parents=True, exist_ok=True)
-    exports = _prepare_exports(args.model, configs, work, cache_dir)
-    prompt_ids = _prompt_ids(exports, prompt, args.tokens)
-
-    min_share = getattr(args, "min_cpu_share", None)
-    min_share = DEFAULT_MIN_CPU_SHARE if min_share is None else min_share
-    results: dict[str, list[RunResult]] = {name: [] for name in configs}
-    repeated = dict.fromkeys(configs, 0)
-    for run in range(args.runs):
-        for name in configs:
-            spec = RunSpec(
-                kind="mono" if name == BASELINE else "shoal",
-                model_dir=str(exports[name].path),
-                prompt_ids=prompt_ids,
-                tokens=args.tokens,
-                warmup_tokens=warmup_tokens,
-                core=core,
-                ov_cache_dir=str(work / "ov-cache"),
-            )
-            for attempt in range(1 + DISTURBED_RETRIES):
-                result = _run_worker(spec, name)
-                print(f"bench: run {run + 1}/{args.runs} {name:<8} {result.tok_s:7.2f} tok/s, "
-                      f"TTFT {result.ttft_s:.3f} s, CPU share {result.cpu_share:.2f}", file=sys.stderr)
-                if result.cpu_share >= min_share or attempt == DISTURBED_RETRIES:
-                    break
-                repeated[name] += 1
-                print(f"bench: another process took core {core} during that run, repeating it", file=sys.stderr)
-            results[name].append(result)
+    exports = _prepare_exports(settings.model, settings.configs, work, cache_dir)
+    prompt_ids = _prompt_ids(exports, settings.prompt, settings.tokens)
+    results, repeated = _measure(settings, exports, prompt_ids, work / "ov-cache")
 
     extra: dict[str, Any] = {
-        "prompt": prompt,
+        "prompt": settings.prompt,
         "prompt_tokens": len(prompt_ids),
-        "warmup_tokens": warmup_tokens,
-        "min_cpu_share": min_share,
+        "warmup_tokens": settings.warmup_tokens,
+        "workers": "one process per configuration" if settings.resident_workers else "a fresh process per run",
+        "min_cpu_share": settings.min_cpu_share,
         "repeated_runs": repeated,
         "exports": {name: _export_json(export) for name, export in exports.items()},
     }
-    report = build_report(args.model, args.tokens, args.runs, results, _machine(core), extra)
+    report = build_report(settings.model, settings.tokens, settings.runs, results, _machine(settings.core), extra)
     if args.json:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
@@ -108,14 +127,64 @@ def run_bench_shards(args: argparse.Namespace, cache_dir: Path) -> int:
     return 0
 
 
-def _configs(selected: str | None) -> list[str]:
+def _measure(
+    settings: BenchSettings, exports: dict[str, PreparedExport], prompt_ids: list[int], ov_cache: Path
+) -> tuple[dict[str, list[RunResult]], dict[str, int]]:
+    """Every configuration once per round, ``runs`` rounds; returns the runs and the repeats per config."""
+    specs = {
+        name: RunSpec(
+            kind="mono" if name == BASELINE else "shoal",
+            model_dir=str(exports[name].path),
+            prompt_ids=prompt_ids,
+            tokens=settings.tokens,
+            warmup_tokens=settings.warmup_tokens,
+            core=settings.core,
+            ov_cache_dir=str(ov_cache),
+        )
+        for name in settings.configs
+    }
+    results: dict[str, list[RunResult]] = {name: [] for name in settings.configs}
+    repeated = dict.fromkeys(settings.configs, 0)
+    with contextlib.ExitStack() as stack:
+        workers: dict[str, WorkerProcess] = {}
+        if settings.resident_workers:
+            for name in settings.configs:
+                print(f"bench: starting the {name} worker (load + compile)", file=sys.stderr)
+                workers[name] = stack.enter_context(contextlib.closing(WorkerProcess(name, specs[name])))
+        for run in range(settings.runs):
+            for name in settings.configs:
+                for attempt in range(1 + DISTURBED_RETRIES):
+                    result = _one_run(name, specs[name], workers.get(name), settings)
+                    print(f"bench: run {run + 1}/{settings.runs} {name:<8} {result.tok_s:7.2f} tok/s, "
+                          f"TTFT {result.ttft_s:.3f} s, CPU share {result.cpu_share:.2f}, "
+                          f"other cores {100 * result.others_busy:.0f} % busy", file=sys.stderr)
+                    if result.cpu_share >= settings.min_cpu_share or attempt == DISTURBED_RETRIES:
+                        break
+                    repeated[name] += 1
+                    print(f"bench: another process took core {settings.core} during that run, repeating it",
+                          file=sys.stderr)
+                results[name].append(result)
+    return results, repeated
+
+
+def _one_run(name: str, spec: RunSpec, worker: WorkerProcess | None, settings: BenchSettings) -> RunResult:
+    """One timed run: on a fresh worker, or on the configuration's resident one (--resident-workers)."""
+    _wait_for_quiet(settings.core, settings.quiet_wait)
+    if worker is None:
+        with contextlib.closing(WorkerProcess(name, spec)) as fresh:
+            return fresh.run()
+    time.sleep(SETTLE_S)
+    return worker.run()
+
+
+def _configs(selected: str | None) -> tuple[str, ...]:
     if not selected:
-        return list(CONFIGS)
+        return CONFIGS
     names = [n.strip() for n in selected.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
         raise BenchError(f"unknown configuration(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CONFIGS)}")
-    return [n for n in CONFIGS if n in names]
+    return tuple(n for n in CONFIGS if n in names)
 
 
 def _core(requested: int | None) -> int:
@@ -134,7 +203,9 @@ def _slug(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-") or "model"
 
 
-def _prepare_exports(model: str, configs: list[str], work: Path, cache_dir: Path) -> dict[str, PreparedExport]:
+def _prepare_exports(
+    model: str, configs: tuple[str, ...], work: Path, cache_dir: Path
+) -> dict[str, PreparedExport]:
     exports: dict[str, PreparedExport] = {}
     for name in configs:
         if name == BASELINE:
@@ -169,20 +240,42 @@ def _prompt_ids(exports: dict[str, PreparedExport], prompt: str, tokens: int) ->
     return [int(i) for i in ids]
 
 
-def _run_worker(spec: RunSpec, name: str) -> RunResult:
-    """One measured run in a fresh process (``python -m agent.bench.worker``)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, "-m", "agent.bench.worker"], input=json.dumps(spec.__dict__),
-                          capture_output=True, text=True, env=env)
-    if proc.returncode:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise BenchError(f"{name} run failed (exit {proc.returncode}):\n{tail}")
-    if proc.stderr.strip():
-        log.debug("%s worker stderr:\n%s", name, proc.stderr.strip())
-    try:
-        return RunResult.from_json(json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (IndexError, json.JSONDecodeError, TypeError) as exc:
-        raise BenchError(f"{name} run printed no result ({exc}): {proc.stdout[-500:]!r}") from exc
+def _wait_for_quiet(core: int, patience: float) -> None:
+    """Wait (at most ``patience`` seconds) until the cores other than ``core`` are nearly idle.
+
+    They share caches and memory bandwidth with the measured core, so a busy neighbour slows a run
+    even though it never takes the core itself.
+    """
+    if patience <= 0:
+        return
+    deadline = time.monotonic() + patience
+    announced = False
+    while True:
+        busy = _others_busy(core, interval=1.0)
+        if busy <= QUIET_BUSY:
+            return
+        if time.monotonic() >= deadline:
+            print(f"bench: other cores still {100 * busy:.0f} % busy after {patience:.0f} s, measuring anyway",
+                  file=sys.stderr)
+            return
+        if not announced:
+            print(f"bench: other cores {100 * busy:.0f} % busy, waiting for quiet", file=sys.stderr)
+            announced = True
+        time.sleep(QUIET_POLL_S)
+
+
+def _others_busy(core: int, interval: float) -> float:
+    from agent.bench.worker import cpu_times
+
+    before = cpu_times()
+    time.sleep(interval)
+    after = cpu_times()
+    busy = total = 0
+    for cpu, (busy_after, total_after) in after.items():
+        if cpu != core and cpu in before:
+            busy += busy_after - before[cpu][0]
+            total += total_after - before[cpu][1]
+    return busy / total if total else 0.0
 
 
 def _export_json(export: PreparedExport) -> dict[str, Any]:

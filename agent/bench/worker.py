@@ -1,10 +1,11 @@
-"""One benchmark run in a process of its own, pinned to one core: ``python -m agent.bench.worker``.
+"""Benchmark runs in a process of their own, pinned to one core: ``python -m agent.bench.worker``.
 
-The parent writes a :class:`RunSpec` as JSON on stdin; the worker pins itself to the given core
-*before* importing OpenVINO (so the CPU plugin's thread pool sees one CPU), compiles the model,
-runs one untimed warm-up generation (the CPU plugin compiles kernels lazily on the first call of
-each shape) and one timed generation of exactly ``tokens`` greedy tokens, stop tokens ignored.
-It prints one :class:`RunResult` as a JSON line on stdout; everything else goes to stderr.
+Protocol (one JSON object per line): the parent writes a :class:`RunSpec`; the worker pins itself
+to the given core *before* importing OpenVINO (so the CPU plugin's thread pool sees one CPU),
+compiles the model and answers ``{"ready": true, ...}``. Then each ``run`` line gets an untimed
+warm-up generation of ``warmup_tokens`` followed at once by one timed generation of exactly
+``tokens`` greedy tokens (stop tokens ignored), answered as a :class:`RunResult`; ``quit`` or end
+of input ends the process. Everything else the worker prints goes to stderr.
 
 Timing: ``ttft_s`` runs from the start of generation to the first token (prefill + first pick);
 ``decode_s`` from the first token to the last, so ``tok_s = (tokens - 1) / decode_s`` excludes
@@ -16,15 +17,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TextIO
 
+from agent.bench import BenchError
 from agent.bench.peak import peak_rss_bytes
 
 KINDS = ("mono", "shoal")
+RUN, QUIT = "run", "quit"
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class RunResult:
     """Threads the process had when it finished (OpenVINO's pool included)."""
     cpu_share: float
     """CPU time / wall time of the timed generation: below ~0.95 another process took the core."""
+    others_busy: float = 0.0
+    """How busy the *other* cores were meanwhile (0-1, from /proc/stat): they share caches and memory
+    bandwidth with ours, so a busy neighbour slows a run without taking its core."""
     infer_s: float | None = None
     """Decode phase: wall time of every ``InferRequest.infer`` call, summed over stages (shoal only)."""
     ov_latency_s: float | None = None
@@ -98,22 +106,44 @@ class TimedRequest:
         return getattr(self._request, name)
 
 
-def run_shoal(spec: RunSpec) -> RunResult:
-    """Time LocalPipeline (every stage in this process, one thread) through the head's generate loop."""
-    from agent.head.generate import generate
-    from agent.head.sampling import SamplingParams
-    from agent.runtime import LocalPipeline, RuntimeConfig
-    from shards.manifest import Manifest
+@dataclass(frozen=True)
+class Generation:
+    """One generation's raw figures, before the process-level ones are added."""
 
-    export_dir = Path(spec.model_dir)
-    start = time.perf_counter()
-    manifest = Manifest.load(export_dir)
-    cache = Path(spec.ov_cache_dir) if spec.ov_cache_dir else None
-    pipeline = LocalPipeline(export_dir, manifest, RuntimeConfig(device="CPU", threads=1, cache_dir=cache))
-    load_s = time.perf_counter() - start
+    tokens: list[int]
+    ttft_s: float
+    decode_s: float
+    infer_s: float | None = None
+    ov_latency_s: float | None = None
 
-    def once(count: int) -> tuple[list[int], list[float], float, list[TimedRequest], tuple[float, float]]:
-        session = pipeline.new_session()
+
+class Runner(Protocol):
+    load_s: float
+
+    def generate(self, count: int) -> Generation: ...
+
+
+class ShoalRunner:
+    """LocalPipeline (every stage in this process, one thread) driven by the head's generate loop."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        from agent.runtime import LocalPipeline, RuntimeConfig
+        from shards.manifest import Manifest
+
+        self.spec = spec
+        export_dir = Path(spec.model_dir)
+        start = time.perf_counter()
+        self.manifest = Manifest.load(export_dir)
+        cache = Path(spec.ov_cache_dir) if spec.ov_cache_dir else None
+        self.pipeline = LocalPipeline(export_dir, self.manifest,
+                                      RuntimeConfig(device="CPU", threads=1, cache_dir=cache))
+        self.load_s = time.perf_counter() - start
+
+    def generate(self, count: int) -> Generation:
+        from agent.head.generate import generate
+        from agent.head.sampling import SamplingParams
+
+        session = self.pipeline.new_session()
         timers = []
         for stage in session.stages:
             # the benchmark's only reach into a session's internals: time its InferRequest
@@ -124,100 +154,216 @@ def run_shoal(spec: RunSpec) -> RunResult:
         stamps: list[float] = []
         at_first = (0.0, 0.0)
         began = time.perf_counter()
-        for token in generate(session, spec.prompt_ids, count, frozenset(), SamplingParams(),
-                              manifest.context_tokens):
+        for token in generate(session, self.spec.prompt_ids, count, frozenset(), SamplingParams(),
+                              self.manifest.context_tokens):
             stamps.append(time.perf_counter())
             tokens.append(token)
             if len(tokens) == 1:
                 at_first = (sum(t.infer_s for t in timers), sum(t.latency_s for t in timers))
-        return tokens, stamps, began, timers, at_first
-
-    once(spec.warmup_tokens)
-    with _CpuShare() as share:
-        tokens, stamps, began, timers, at_first = once(spec.tokens)
-    return RunResult(
-        tokens=tokens,
-        ttft_s=stamps[0] - began,
-        decode_s=stamps[-1] - stamps[0],
-        load_s=load_s,
-        peak_rss_bytes=peak_rss_bytes(),
-        threads=_threads(),
-        cpu_share=share.value,
-        infer_s=sum(t.infer_s for t in timers) - at_first[0],
-        ov_latency_s=sum(t.latency_s for t in timers) - at_first[1],
-    )
+        return Generation(
+            tokens=tokens,
+            ttft_s=stamps[0] - began,
+            decode_s=stamps[-1] - stamps[0],
+            infer_s=sum(t.infer_s for t in timers) - at_first[0],
+            ov_latency_s=sum(t.latency_s for t in timers) - at_first[1],
+        )
 
 
-def run_mono(spec: RunSpec) -> RunResult:
-    """Time ``openvino_genai.LLMPipeline`` (one thread, prefix caching off) on the same prompt ids."""
-    import numpy as np
-    import openvino as ov
-    import openvino_genai as ov_genai
+class MonoRunner:
+    """``openvino_genai.LLMPipeline`` (one thread, prefix caching off) on the same prompt ids."""
 
-    scheduler = ov_genai.SchedulerConfig()
-    scheduler.enable_prefix_caching = False
-    properties: dict[str, Any] = {"scheduler_config": scheduler, "INFERENCE_NUM_THREADS": 1}
-    if spec.ov_cache_dir:
-        properties["CACHE_DIR"] = spec.ov_cache_dir
-    start = time.perf_counter()
-    pipe = ov_genai.LLMPipeline(spec.model_dir, "CPU", **properties)
-    load_s = time.perf_counter() - start
-    input_ids = ov.Tensor(np.asarray([spec.prompt_ids], dtype=np.int64))
+    def __init__(self, spec: RunSpec) -> None:
+        import numpy as np
+        import openvino as ov
+        import openvino_genai as ov_genai
 
-    def once(count: int) -> tuple[list[int], Any]:
-        config = ov_genai.GenerationConfig()
+        self._genai = ov_genai
+        scheduler = ov_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        properties: dict[str, Any] = {"scheduler_config": scheduler, "INFERENCE_NUM_THREADS": 1}
+        if spec.ov_cache_dir:
+            properties["CACHE_DIR"] = spec.ov_cache_dir
+        start = time.perf_counter()
+        self.pipe = ov_genai.LLMPipeline(spec.model_dir, "CPU", **properties)
+        self.load_s = time.perf_counter() - start
+        self.input_ids = ov.Tensor(np.asarray([spec.prompt_ids], dtype=np.int64))
+
+    def generate(self, count: int) -> Generation:
+        config = self._genai.GenerationConfig()
         config.max_new_tokens = count
         config.min_new_tokens = count
         config.ignore_eos = True
         config.do_sample = False
-        config.eos_token_id = pipe.get_generation_config().eos_token_id
-        result = pipe.generate(input_ids, config)
+        config.eos_token_id = self.pipe.get_generation_config().eos_token_id
+        result = self.pipe.generate(self.input_ids, config)
         tokens = [int(t) for t in result.tokens[0]]
         if len(tokens) != count:
             raise RuntimeError(f"LLMPipeline produced {len(tokens)} tokens instead of {count}")
-        return tokens, result.perf_metrics.raw_metrics
+        raw = result.perf_metrics.raw_metrics
+        # genai's own clock: time to the first token, then the gaps between consecutive tokens (µs)
+        return Generation(tokens=tokens, ttft_s=float(raw.m_times_to_first_token[0]) / 1e6,
+                          decode_s=float(sum(raw.m_durations)) / 1e6)
 
-    once(spec.warmup_tokens)
+
+def timed_run(runner: Runner, tokens: int) -> RunResult:
+    """One measured generation of exactly ``tokens`` tokens."""
     with _CpuShare() as share:
-        tokens, raw = once(spec.tokens)
-    # genai's own clock: time to the first token, then the gaps between consecutive tokens (µs)
+        gen = runner.generate(tokens)
     return RunResult(
-        tokens=tokens,
-        ttft_s=float(raw.m_times_to_first_token[0]) / 1e6,
-        decode_s=float(sum(raw.m_durations)) / 1e6,
-        load_s=load_s,
+        tokens=gen.tokens,
+        ttft_s=gen.ttft_s,
+        decode_s=gen.decode_s,
+        load_s=runner.load_s,
         peak_rss_bytes=peak_rss_bytes(),
         threads=_threads(),
         cpu_share=share.value,
+        others_busy=share.others_busy,
+        infer_s=gen.infer_s,
+        ov_latency_s=gen.ov_latency_s,
     )
 
 
 class _CpuShare:
-    """Measures how much of the wall time this process spent on a CPU (pinned: on its one core)."""
+    """Measures how much of the wall time this process spent on a CPU (pinned: on its one core), and
+    how busy the other cores of the machine were meanwhile."""
 
     def __init__(self) -> None:
         self.value = 0.0
+        self.others_busy = 0.0
 
     def __enter__(self) -> _CpuShare:
+        self._stat = cpu_times()
         self._cpu, self._wall = time.process_time(), time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self._wall
         self.value = (time.process_time() - self._cpu) / wall if wall > 0 else 0.0
+        mine = os.sched_getaffinity(0)
+        after = cpu_times()
+        busy = total = 0
+        for cpu, (busy_after, total_after) in after.items():
+            if cpu not in mine and cpu in self._stat:
+                busy += busy_after - self._stat[cpu][0]
+                total += total_after - self._stat[cpu][1]
+        self.others_busy = busy / total if total else 0.0
+
+
+def cpu_times() -> dict[int, tuple[int, int]]:
+    """Per CPU: (busy, total) jiffies from /proc/stat (empty where there is no /proc)."""
+    times: dict[int, tuple[int, int]] = {}
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return times
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            values = [int(v) for v in fields]
+            idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+            times[int(name[3:])] = (sum(values[:8]) - idle, sum(values[:8]))
+    return times
 
 
 def _threads() -> int:
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
 
 
+class WorkerProcess:
+    """The parent's end: a worker process serving one configuration's timed runs."""
+
+    def __init__(self, name: str, spec: RunSpec) -> None:
+        self.name = name
+        # the worker's stderr (OpenVINO warnings, tracebacks) is kept here and shown if it fails
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        self._proc = subprocess.Popen([sys.executable, "-m", "agent.bench.worker"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        if self._proc.stdin is None or self._proc.stdout is None:  # never: both are pipes
+            raise BenchError("cannot talk to a worker process")
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
+        try:
+            self._send(json.dumps(asdict(spec)))
+            self.load_s = float(self._receive()["load_s"])
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self) -> RunResult:
+        """One timed generation."""
+        self._send(RUN)
+        try:
+            return RunResult.from_json(self._receive())
+        except TypeError as exc:
+            raise BenchError(f"{self.name} worker sent a malformed result ({exc})") from exc
+
+    def close(self) -> None:
+        """Ask the worker to quit (kill it if it does not) and forget its log."""
+        if self._proc.poll() is None:
+            try:
+                self._send(QUIT)
+                self._proc.wait(timeout=60)
+            except (OSError, BenchError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        self._stdin.close()
+        self._stdout.close()
+        self._log.close()
+
+    def _send(self, line: str) -> None:
+        try:
+            self._stdin.write(line + "\n")
+            self._stdin.flush()
+        except OSError as exc:
+            raise self._died() from exc
+
+    def _receive(self) -> dict[str, Any]:
+        line = self._stdout.readline()
+        if not line:
+            raise self._died()
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BenchError(f"{self.name} worker sent {line[:200]!r} instead of JSON") from exc
+        if not isinstance(message, dict):
+            raise BenchError(f"{self.name} worker sent {line[:200]!r} instead of a JSON object")
+        return message
+
+    def _died(self) -> BenchError:
+        code = self._proc.wait()
+        self._log.seek(0)
+        tail = "\n".join(self._log.read().strip().splitlines()[-15:])
+        return BenchError(f"{self.name} worker ended (exit {code}):\n{tail}")
+
+
 def main() -> int:
-    spec = RunSpec(**json.loads(sys.stdin.read()))
+    """Serve the parent: a spec line, then one timed run per ``run`` line, until ``quit`` or EOF."""
+    # replies get the real stdout; anything else printed (by Python or by C++ libraries) goes to stderr
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    spec = RunSpec(**json.loads(sys.stdin.readline()))
     if spec.core is not None:
         os.sched_setaffinity(0, {spec.core})
-    result = run_mono(spec) if spec.kind == "mono" else run_shoal(spec)
-    sys.stdout.write(json.dumps(result.to_json()) + "\n")
+    runner: Runner = MonoRunner(spec) if spec.kind == "mono" else ShoalRunner(spec)
+    _reply(replies, {"ready": True, "load_s": runner.load_s})
+    for line in sys.stdin:
+        command = line.strip()
+        if command == RUN:
+            # Warm up right before every timed run, with no pause in between: on the first call of
+            # a shape the CPU plugin compiles kernels, and here (a VM) the first few hundred ms of
+            # work after the core idled for even half a second run at a fraction of full speed.
+            runner.generate(spec.warmup_tokens)
+            _reply(replies, timed_run(runner, spec.tokens).to_json())
+        elif command == QUIT:
+            break
+        else:
+            raise ValueError(f"unknown command {command!r}")
     return 0
+
+
+def _reply(out: TextIO, message: dict[str, Any]) -> None:
+    out.write(json.dumps(message) + "\n")
+    out.flush()
 
 
 if __name__ == "__main__":

@@ -68,9 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--configs", default=None, help="comma-separated subset of mono,1-stage,2-stage,3-stage")
     b.add_argument("--core", type=int, default=None, help="CPU core every run is pinned to (default: the last)")
     b.add_argument("--prompt", default=None, help="user message (default: a fixed coding question)")
-    b.add_argument("--warmup-tokens", type=int, default=None, help="untimed tokens first (default: --tokens)")
+    b.add_argument("--warmup-tokens", type=int, default=None,
+                   help="untimed tokens right before each run (default: --tokens)")
     b.add_argument("--min-cpu-share", type=float, default=None,
                    help="repeat a run whose CPU time / wall time falls below this (default 0.95; 0 never)")
+    b.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
+                   help="before each run, wait up to SECONDS for the other cores to be idle (default 0)")
+    b.add_argument("--resident-workers", action="store_true",
+                   help="one process per configuration serving all its runs, instead of a fresh one per run")
     return parser
 
 
