@@ -171,9 +171,10 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
         f"core {machine.get('pinned_core')} with `INFERENCE_NUM_THREADS=1`.",
         f"Prompt: {report.get('prompt_tokens', '?')} tokens, then {report['tokens']} greedy tokens (stop tokens "
         f"ignored), each timed run right after an untimed warm-up of {report.get('warmup_tokens', '?')} tokens; "
-        f"{report['runs']} runs interleaved across configurations. Decode tok/s excludes the first token; TTFT is "
-        "reported apart. `mono` = `openvino_genai.LLMPipeline` (prefix caching off) on an optimum-intel export "
-        "with the same int4 settings; `N-stage` = shoal stages chained in one process (`LocalPipeline`).",
+        f"{report['runs']} rounds, each running every configuration once, in rotated order. Decode tok/s "
+        "excludes the first token; TTFT is reported apart. `mono` = `openvino_genai.LLMPipeline` (prefix "
+        "caching off) on an optimum-intel export with the same int4 settings; `N-stage` = shoal stages chained "
+        "in one process (`LocalPipeline`).",
         "",
         "| config | decode tok/s median | min | max | × mono | paired × mono (min-max) | ms/token | TTFT s "
         "| Python share | goal |",

@@ -8,10 +8,11 @@ Method (docs/benchmarks.md, DESIGN.md "Measuring"):
   ``INFERENCE_NUM_THREADS=1``, so compilation and caches of one never help another; each run
   gets a fresh process, whose timed generation directly follows an untimed warm-up generation
   (``--warmup-tokens``). ``--resident-workers`` keeps one process per configuration for all its
-  runs instead: shorter, but measured here it favoured the shards over the long-lived
-  LLMPipeline by about 5 %, so it is not the default;
-- runs interleave the configurations (mono, 1, 2, 3, mono, 1, ...) to spread machine noise, and
-  each run generates exactly ``--tokens`` greedy tokens (stop tokens ignored);
+  runs instead: shorter, but measured here the long-lived LLMPipeline process then ran 5-10 %
+  slower than in a fresh process, so it is not the default;
+- runs interleave the configurations to spread machine noise, each round in a rotated order
+  (mono 1 2 3, 1 2 3 mono, 2 3 mono 1, ...), and each run generates exactly ``--tokens`` greedy
+  tokens (stop tokens ignored);
 - decode tok/s excludes the first token (time to first token is reported apart); results are
   the median and range over runs, and ratios are taken within this one invocation;
 - a run during which another process took the core (its CPU time / wall time below
@@ -152,7 +153,7 @@ def _measure(
                 print(f"bench: starting the {name} worker (load + compile)", file=sys.stderr)
                 workers[name] = stack.enter_context(contextlib.closing(WorkerProcess(name, specs[name])))
         for run in range(settings.runs):
-            for name in settings.configs:
+            for name in rotation(settings.configs, run):
                 for attempt in range(1 + DISTURBED_RETRIES):
                     result = _one_run(name, specs[name], workers.get(name), settings)
                     print(f"bench: run {run + 1}/{settings.runs} {name:<8} {result.tok_s:7.2f} tok/s, "
@@ -165,6 +166,13 @@ def _measure(
                           file=sys.stderr)
                 results[name].append(result)
     return results, repeated
+
+
+def rotation(configs: tuple[str, ...], run: int) -> tuple[str, ...]:
+    """The order of round ``run``: every round starts one configuration later (A B C D, B C D A, ...),
+    so that no configuration always runs first (measured here: the first of a round ran slowest)."""
+    shift = run % len(configs)
+    return configs[shift:] + configs[:shift]
 
 
 def _one_run(name: str, spec: RunSpec, worker: WorkerProcess | None, settings: BenchSettings) -> RunResult:
