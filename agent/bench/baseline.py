@@ -95,12 +95,14 @@ def optimum_export(source: str, out: Path, cache_dir: Path) -> PreparedExport:
     from shards.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(source, cache_dir)
-    stamp = {"source": checkpoint.source_id, "revision": checkpoint.revision(),
-             "optimum_args": list(OPTIMUM_INT4_ARGS), "optimum_intel": version("optimum-intel")}
+    stamp: dict[str, Any] = {"source": checkpoint.source_id, "revision": checkpoint.revision(),
+                             "optimum_args": list(OPTIMUM_INT4_ARGS), "optimum_intel": version("optimum-intel")}
     stamp_path = out / STAMP_NAME
     if stamp_path.is_file():
         try:
-            if json.loads(stamp_path.read_text()) == stamp:
+            recorded = json.loads(stamp_path.read_text())
+            # the stamp also records what making the export cost; compare what it was made from
+            if isinstance(recorded, dict) and {key: recorded.get(key) for key in stamp} == stamp:
                 return PreparedExport(path=out, reused=True, steps={})
         except (OSError, json.JSONDecodeError):
             pass
@@ -175,7 +177,7 @@ def gguf_to_hf(gguf: Path, out: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as exc:
         raise ExportError(f"{gguf.name}: transformers cannot load it ({type(exc).__name__}: {exc})") from exc
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # the weights are float already
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     out.mkdir(parents=True, exist_ok=True)
