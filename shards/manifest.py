@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,7 +205,14 @@ def _graph(data: dict[str, Any]) -> GraphEntry:
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
+    hash_file_into(digest, path)
+    return digest.hexdigest()
+
+
+def hash_file_into(digest: Any, path: Path, progress: Callable[[int], object] | None = None) -> None:
+    """Feed a file's bytes into ``digest`` in 4 MiB chunks."""
     with path.open("rb") as f:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
-    return digest.hexdigest()
+            if progress is not None:
+                progress(len(chunk))

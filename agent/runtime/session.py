@@ -62,6 +62,7 @@ class StageSession:
                 "beam_idx": self._beam_idx,
             },
             share_inputs=True,
+            share_outputs=True,  # the caller reads the output tensor below; skip the copy into a dict
         )
         self._physical = end
         self._logical += n

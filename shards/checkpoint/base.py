@@ -9,6 +9,8 @@ from typing import Any, Protocol
 import torch
 from tqdm.auto import tqdm
 
+from shards.manifest import hash_file_into
+
 
 class Checkpoint(Protocol):
     """A model checkpoint read lazily, tensor by tensor, under Hugging Face tensor names."""
@@ -39,8 +41,6 @@ def sha256_files(paths: list[Path], desc: str = "fingerprint") -> str:
     total = sum(p.stat().st_size for p in paths)
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False) as bar:
         for path in paths:
-            with path.open("rb") as f:
-                while chunk := f.read(1 << 22):
-                    digest.update(chunk)
-                    bar.update(len(chunk))
+            hash_file_into(digest, path, bar.update)
     return "sha256:" + digest.hexdigest()
+

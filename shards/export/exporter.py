@@ -59,6 +59,13 @@ class ExportRequest:
         if self.draft_source and self.self_draft_layers:
             raise ExportError("choose either --draft MODEL or --self-draft N, not both")
 
+    @property
+    def draft_label(self) -> str | None:
+        """How the manifest names the requested draft (None: no draft)."""
+        if self.self_draft_layers:
+            return f"self:{self.self_draft_layers}"
+        return self.draft_source
+
 
 def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Manifest:
     """Run an export; returns the manifest of the finished folder (existing and matching: reused)."""
@@ -83,10 +90,10 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
             has_embeddings, has_head = index == 0, index == len(ranges) - 1
             stages.append(_export_graph(checkpoint, spec, f"stage-{index}", layers, has_embeddings, has_head,
                                         request.weights, staging, progress))
-        draft = _export_draft(request, checkpoint, spec, staging, cache_dir, progress)
         tokenizer_dir = staging / "tokenizer"
         tokenizer_dir.mkdir()
         checkpoint.save_tokenizer(tokenizer_dir)
+        draft = _export_draft(request, checkpoint, spec, staging, cache_dir, progress)
         manifest = Manifest(
             source=SourceInfo(id=checkpoint.source_id, kind=checkpoint.kind, revision=revision),
             arch=spec,
@@ -121,9 +128,7 @@ def _reusable(request: ExportRequest, revision: str) -> Manifest | None:
         old.source.revision == revision
         and old.weights == request.weights
         and len(old.stages) == request.stages
-        and (old.draft.source if old.draft else None) == (request.draft_source or
-                                                           (f"self:{request.self_draft_layers}"
-                                                            if request.self_draft_layers else None))
+        and (old.draft.source if old.draft else None) == request.draft_label
     )
     if same and not request.force:
         return old
@@ -151,30 +156,29 @@ def _export_draft(
     if request.self_draft_layers:
         graph = _export_graph(checkpoint, spec, "draft", range(0, request.self_draft_layers), True, True,
                               request.weights, staging, progress)
-        return DraftEntry(kind="self", source=f"self:{request.self_draft_layers}", arch=spec, graph=graph)
+        return DraftEntry(kind="self", source=request.draft_label or "", arch=spec, graph=graph)
     if request.draft_source:
         draft_checkpoint = open_checkpoint(request.draft_source, cache_dir)
         draft_spec = arch_spec_from_config(draft_checkpoint.config)
-        _check_same_vocabulary(checkpoint, draft_checkpoint, staging)
+        _check_same_vocabulary(staging / "tokenizer", draft_checkpoint, staging)
         graph = _export_graph(draft_checkpoint, draft_spec, "draft", range(0, draft_spec.num_layers), True, True,
                               request.weights, staging, progress)
         return DraftEntry(kind="model", source=request.draft_source, arch=draft_spec, graph=graph)
     return None
 
 
-def _check_same_vocabulary(target: Checkpoint, draft: Checkpoint, staging: Path) -> None:
+def _check_same_vocabulary(target_tokenizer: Path, draft: Checkpoint, staging: Path) -> None:
     """A draft proposes token ids that the target verifies: both must mean the same by each id."""
     from transformers import AutoTokenizer
 
-    vocabularies = []
-    for name, checkpoint in (("target", target), ("draft", draft)):
-        folder = staging / f".vocab-{name}"
-        folder.mkdir()
-        checkpoint.save_tokenizer(folder)
-        vocabularies.append(AutoTokenizer.from_pretrained(str(folder)).get_vocab())
-        shutil.rmtree(folder)
-    if vocabularies[0] != vocabularies[1]:
-        differing = len(set(vocabularies[0].items()) ^ set(vocabularies[1].items()))
+    folder = staging / ".vocab-draft"
+    folder.mkdir()
+    draft.save_tokenizer(folder)
+    draft_vocab = AutoTokenizer.from_pretrained(str(folder)).get_vocab()
+    shutil.rmtree(folder)
+    target_vocab = AutoTokenizer.from_pretrained(str(target_tokenizer)).get_vocab()
+    if target_vocab != draft_vocab:
+        differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
         raise ExportError(
             f"draft {draft.source_id} does not share the target's tokenizer ({differing} vocabulary entries differ)"
         )
