@@ -123,6 +123,15 @@ class Manifest:
         if not self.stages[0].embeddings or not self.stages[-1].head:
             raise ManifestError("the first stage must hold the embeddings and the last the LM head")
 
+    @property
+    def export_id(self) -> str:
+        """Short fingerprint of the stage graphs: every member of one ring must serve the same."""
+        digest = hashlib.sha256()
+        for stage in self.stages:
+            for entry in stage.files:
+                digest.update(entry.sha256.encode())
+        return digest.hexdigest()[:16]
+
     # -- files ---------------------------------------------------------------------------------
     def all_files(self) -> list[FileEntry]:
         files = [f for s in self.stages for f in s.files] + list(self.tokenizer_files)

@@ -27,6 +27,16 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("shoal"))
 
 
+def default_data_dir() -> Path:
+    """Where fleet identities and agent state live (``SHOAL_DATA_DIR`` overrides)."""
+    env = os.environ.get("SHOAL_DATA_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("shoal"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__.splitlines()[0])
     parser.add_argument("--cache-dir", type=Path, default=None, help="cache folder (default: platform cache)")
@@ -56,6 +66,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default="auto",
                    help="inference precision (f32: token-identical across stage splits, slower)")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
+    p.add_argument("--drafter", choices=("auto", "none", "ngram", "draft"), default="auto",
+                   help="speculative decoding: the export's draft graph, n-gram prompt lookup, or none "
+                        "(auto: the draft graph if the export has one, else n-gram)")
+    p.add_argument("--draft-export", type=Path, default=None, help="take the draft graph from this export instead")
+    p.add_argument("--k", type=int, default=None, help="fixed number of drafted tokens per step (default: adaptive)")
+    p.add_argument("--ring", default=None, metavar="ADDR[,ADDR]",
+                   help="run through agents: HOST:PORT of the first remote stage and of the last (one if the same)")
+    p.add_argument("--local-stages", type=int, default=0, help="with --ring: stages this head runs itself")
+    p.add_argument("--identity", type=Path, default=None, help="with --ring: this node's identity folder")
+
+    p = sub.add_parser("agent", help="serve stage(s) of an export on the ring (a long-running daemon)")
+    p.add_argument("export_dir", type=Path, nargs="?", default=None)
+    p.add_argument("--config", type=Path, default=None, help="TOML file with the same settings as the flags")
+    p.add_argument("--stage", type=int, action="append", default=[], help="stage index to serve (repeatable)")
+    p.add_argument("--identity", type=Path, default=None, help="node identity folder (cert.pem, key.pem, ca.pem)")
+    p.add_argument("--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:0, any free port)")
+    p.add_argument("--next", default=None, help="HOST:PORT of the next stage (not for the last stage)")
+    p.add_argument("--device", default=None, help="AUTO, CPU, GPU or NPU")
+    p.add_argument("--threads", type=int, default=None, help="CPU inference threads")
+    p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default=None)
+    p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
+    p.add_argument("--wire-dtype", choices=("f32", "f16"), default=None, help="hidden states on the wire")
+    p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
+
+    p = sub.add_parser("status", help="ask agents for their status (JSON)")
+    p.add_argument("address", nargs="+", help="HOST:PORT of an agent")
+    p.add_argument("--identity", type=Path, default=None, help="this node's identity folder")
+
+    p = sub.add_parser("fleet", help="the fleet's private CA and node certificates")
+    fleet = p.add_subparsers(dest="fleet_command", required=True)
+    f = fleet.add_parser("init", help="create the fleet's certificate authority")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument("--name", default="shoal", help="fleet name written into the CA certificate")
+    f.add_argument("--force", action="store_true", help="replace an existing CA (every node must be re-issued)")
+    f = fleet.add_parser("issue", help="issue a node certificate signed by the fleet CA")
+    f.add_argument("node", help="node name (its certificate's common name)")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument("--ip", action="append", default=[], help="an IP address of the node (repeatable)")
+    f.add_argument("--days", type=int, default=365, help="validity in days")
+    f.add_argument("--out", type=Path, default=None,
+                   help="identity folder to write (default: <fleet dir>/nodes/NODE)")
 
     p = sub.add_parser("bench", help="benchmarks (results for docs/benchmarks.md)")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -82,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
+        level=logging.DEBUG if args.verbose else logging.INFO if args.command == "agent" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -96,7 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             from agent.cli.generate_cmd import run_generate
 
-            return run_generate(args, cache_dir)
+            return run_generate(args, cache_dir, default_data_dir())
+        if args.command == "agent":
+            from agent.cli.agent_cmd import run_agent
+
+            return run_agent(args, cache_dir, default_data_dir())
+        if args.command == "status":
+            from agent.cli.status_cmd import run_status
+
+            return run_status(args, default_data_dir())
+        if args.command == "fleet":
+            from agent.cli.fleet_cmd import run_fleet
+
+            return run_fleet(args, default_data_dir())
         if args.command == "bench":
             from agent.bench.shards_bench import run_bench_shards
 

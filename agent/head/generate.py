@@ -24,13 +24,7 @@ def generate(
     context_tokens: int,
 ) -> Iterator[int]:
     """Yield completion token ids one by one; stops at a stop token (not yielded) or ``max_tokens``."""
-    if not prompt_ids:
-        raise PromptTooLongError("the prompt is empty")
-    if len(prompt_ids) + max_tokens > context_tokens:
-        raise PromptTooLongError(
-            f"prompt of {len(prompt_ids)} tokens plus {max_tokens} new tokens exceeds the "
-            f"{context_tokens}-token context; shorten the prompt or lower --max-tokens"
-        )
+    check_prompt(prompt_ids, max_tokens, context_tokens)
     sampler = Sampler(params)
     logits = session.step(np.asarray([prompt_ids], dtype=np.int64))
     for produced in range(1, max_tokens + 1):
@@ -40,3 +34,14 @@ def generate(
         yield token
         if produced < max_tokens:
             logits = session.step(np.asarray([[token]], dtype=np.int64))
+
+
+def check_prompt(prompt_ids: list[int], max_tokens: int, context_tokens: int) -> None:
+    """Refuse, before anything is sent, a prompt that is empty or leaves no room for the reply."""
+    if not prompt_ids:
+        raise PromptTooLongError("the prompt is empty")
+    if len(prompt_ids) + max_tokens > context_tokens:
+        raise PromptTooLongError(
+            f"prompt of {len(prompt_ids)} tokens plus {max_tokens} new tokens exceeds the "
+            f"{context_tokens}-token context; shorten the prompt or lower --max-tokens"
+        )

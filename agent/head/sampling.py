@@ -34,23 +34,7 @@ class Sampler:
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """The distribution sampling draws from, after temperature, top-k and top-p."""
-        p = self.params
-        z = logits.astype(np.float64) / p.temperature
-        if p.top_k and p.top_k < z.shape[-1]:
-            kth = np.partition(z, -p.top_k)[-p.top_k]
-            z = np.where(z < kth, -np.inf, z)
-        z -= z.max()
-        probs = np.exp(z)
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            order = np.argsort(-probs)
-            cumulative = np.cumsum(probs[order])
-            cut = int(np.searchsorted(cumulative, p.top_p)) + 1
-            keep = np.zeros_like(probs, dtype=bool)
-            keep[order[:cut]] = True
-            probs = np.where(keep, probs, 0.0)
-            probs /= probs.sum()
-        return probs
+        return sampling_distribution(logits, self.params)
 
     def pick(self, logits: np.ndarray) -> int:
         """The next token for a ``[vocab]`` row of logits."""
@@ -58,3 +42,23 @@ class Sampler:
             return int(np.argmax(logits))
         probs = self.probabilities(logits)
         return int(self._rng.choice(probs.shape[-1], p=probs))
+
+
+def sampling_distribution(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The distribution that sampling draws from for a ``[vocab]`` row: temperature, top-k, top-p."""
+    z = logits.astype(np.float64) / p.temperature
+    if p.top_k and p.top_k < z.shape[-1]:
+        kth = np.partition(z, -p.top_k)[-p.top_k]
+        z = np.where(z < kth, -np.inf, z)
+    z -= z.max()
+    probs = np.exp(z)
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        order = np.argsort(-probs)
+        cumulative = np.cumsum(probs[order])
+        cut = int(np.searchsorted(cumulative, p.top_p)) + 1
+        keep = np.zeros_like(probs, dtype=bool)
+        keep[order[:cut]] = True
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
+    return probs

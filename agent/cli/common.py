@@ -1,0 +1,17 @@
+"""Small things several subcommands share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.errors import FleetError
+
+
+def identity_dir(explicit: Path | None, data_dir: Path) -> Path:
+    """The node identity folder: the one given, or the only one issued under the data dir."""
+    if explicit is not None:
+        return explicit
+    found = sorted((data_dir / "fleet" / "nodes").glob("*/cert.pem"))
+    if len(found) != 1:
+        raise FleetError("pass --identity DIR (the node folder made by `shoal fleet issue NODE`)")
+    return found[0].parent

@@ -1,0 +1,119 @@
+"""Drafters propose the next few tokens cheaply; the ring's target model then verifies them in one trip.
+
+``Drafter`` is the protocol the generation loop uses; ``NGramDrafter`` is prompt-lookup decoding, which
+needs no model: text that repeats earlier context (code, quotes, lists, summaries) is guessed from
+what followed the previous occurrence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from agent.head.distribution import SparseDistribution
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    # The distribution each token was sampled from (same length as tokens), or None when the drafter is
+    # deterministic (speculative sampling then treats q as one-hot on the drafted token).
+    dists: list[SparseDistribution] | None = None
+
+
+class Drafter(Protocol):
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        """Up to ``k`` tokens likely to follow ``context`` (all final tokens: prompt and emitted so far)."""
+        ...
+
+    def commit(self, context_len_kept: int) -> None:
+        """The first ``context_len_kept`` tokens of the context are final; a stateful drafter rewinds past them."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything: the next context is a new conversation."""
+        ...
+
+
+class NGramDrafter:
+    """Prompt-lookup decoding over an incrementally maintained n-gram index.
+
+    For n from ``max_ngram`` down to ``min_ngram``, find the most recent earlier occurrence of the last
+    n tokens and propose what followed it. The index maps each n-gram to the position right after its
+    latest occurrence that has a follower, so a lookup is one dict access per n and growing the
+    context by one token costs one insert per n.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._tokens: list[int] = []
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self.reset()
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        self._sync(context)
+        if k == 0:
+            return Draft([])
+        tokens = self._tokens
+        length = len(tokens)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if n > length:
+                continue
+            follow = self._index[n].get(tuple(tokens[length - n :]))
+            if follow is not None:
+                return Draft(self._continue_from(follow, k))
+        return Draft([])
+
+    def commit(self, context_len_kept: int) -> None:
+        if context_len_kept < 0:
+            raise ValueError(f"context_len_kept must be >= 0, got {context_len_kept}")
+        if context_len_kept < len(self._tokens):
+            self._rebuild(self._tokens[:context_len_kept])
+
+    def reset(self) -> None:
+        self._tokens = []
+        self._index = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+
+    def _continue_from(self, follow: int, k: int) -> list[int]:
+        """The k tokens after position ``follow``, continued as an overlapping copy past the context's end.
+
+        The match says the text repeats with period ``d = len - follow``; once the copy reaches the
+        end of the context it keeps copying its own output (as LZ77 does), so a short period such as
+        ``a b a b`` still yields k tokens instead of stopping at the context's end.
+        """
+        tokens = self._tokens
+        length = len(tokens)
+        period = length - follow
+        out: list[int] = []
+        for j in range(k):
+            pos = follow + j
+            out.append(tokens[pos] if pos < length else out[j - period])
+        return out
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Bring the index up to ``context``: extend it, or rebuild it when the context is not a continuation."""
+        have = len(self._tokens)
+        # Callers rewind through commit(); a shorter context or a changed last token is a cheap safety net
+        # against a forgotten commit/reset (a stale index would only waste drafts, never change output).
+        if len(context) < have or (have and int(context[have - 1]) != self._tokens[-1]):
+            self._rebuild([int(t) for t in context])
+        else:
+            self._extend([int(t) for t in context[have:]])
+
+    def _rebuild(self, tokens: list[int]) -> None:
+        self.reset()
+        self._extend(tokens)
+
+    def _extend(self, new_tokens: list[int]) -> None:
+        tokens = self._tokens
+        for token in new_tokens:
+            follow = len(tokens)  # the position of `token`: every n-gram ending just before it now has a follower
+            tokens.append(token)
+            for n, index in self._index.items():
+                if follow >= n:
+                    index[tuple(tokens[follow - n : follow])] = follow

@@ -1,0 +1,77 @@
+"""A drafter that runs a small OpenVINO model: a separate draft model or the target's self-draft."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from agent.head.distribution import SparseDistribution
+from agent.head.drafters import Draft
+from agent.head.sampling import SamplingParams, sampling_distribution
+from agent.runtime.stage import CompiledStage
+
+
+class ModelDrafter:
+    """Drafts K tokens autoregressively with a one-graph draft model, keeping its own KV cache.
+
+    The draft's cache follows the conversation: each proposal first feeds the context tokens the
+    draft has not seen, and :meth:`commit` rewinds (mask-based) past drafted tokens the target
+    rejected. In sampling mode drafts are sampled from the draft's own distribution, which is
+    returned for the acceptance rule.
+    """
+
+    blocking = True
+    """Proposing runs inference: call it off the event loop."""
+
+    def __init__(self, draft: CompiledStage, params: SamplingParams) -> None:
+        self._session = draft.new_session()
+        self._params = params
+        self._rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
+        self._fed: list[int] = []
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft([])
+        common = _common_prefix(self._fed, context)
+        if common == len(context):  # nothing new to feed: re-feed the last token for its logits
+            common -= 1
+        self._rewind_to(common)
+        fresh = list(context[common:])
+        logits = self._session.step(np.asarray([fresh], dtype=np.int64))
+        self._fed = list(context)
+        tokens: list[int] = []
+        dists: list[SparseDistribution] = []
+        for i in range(k):
+            row = logits[0, -1]
+            if self._params.greedy:
+                token = int(np.argmax(row))
+            else:
+                dist = SparseDistribution.from_probs(sampling_distribution(row, self._params))
+                token = dist.sample(self._rng)
+                dists.append(dist)
+            tokens.append(token)
+            if i < k - 1:
+                logits = self._session.step(np.asarray([[token]], dtype=np.int64))
+                self._fed.append(token)
+        return Draft(tokens, None if self._params.greedy else dists)
+
+    def commit(self, context_len_kept: int) -> None:
+        self._rewind_to(min(context_len_kept, len(self._fed)))
+
+    def reset(self) -> None:
+        self._session.reset()
+        self._fed = []
+
+    def _rewind_to(self, length: int) -> None:
+        if length < len(self._fed):
+            self._session.rewind(len(self._fed) - length)
+            del self._fed[length:]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

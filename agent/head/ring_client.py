@@ -1,0 +1,231 @@
+"""A head's side of the ring: its sessions' frames out to the first stage, results in from the last.
+
+If the head holds stage 0 itself (``local_stages``), it runs it in-process and sends hidden states
+to the next stage, saving a hop. The last stage answers over the head's own connection to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import ssl
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from agent.errors import FleetBusyError, PeerUnavailableError, ProtocolError, RingError, SessionFailedError
+from agent.head.sampling import SamplingParams
+from agent.runtime.readout import StepOutput
+from agent.runtime.session import StageSession
+from agent.runtime.stage import CompiledStage
+from agent.transport.connection import FrameConnection, dial, expect
+from agent.wire import Frame, FrameType, StepFlags
+from agent.wire.codec import DEFAULT_MAX_PAYLOAD
+from agent.wire.messages import ErrorReport, Hello, SessionOpen, parse
+from shards.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+
+class RingClient:
+    """Connections from one head to the ring, shared by all of its sessions."""
+
+    def __init__(self, manifest: Manifest, first: tuple[str, int], last: tuple[str, int],
+                 context: ssl.SSLContext, node: str, *, local_stages: list[CompiledStage] | None = None,
+                 executor: Executor | None = None, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 wire_dtype: str = "f32") -> None:
+        self.manifest = manifest
+        self.first_address = first
+        self.last_address = last
+        self._context = context
+        self.node = node
+        self.local_stages = local_stages or []
+        if self.local_stages and self.local_stages[-1].graph.head:
+            raise RingError("the head holds every stage: use the in-process pipeline instead of a ring")
+        self._executor = executor
+        self._max_payload = max_payload
+        self._wire_dtype = np.float16 if wire_dtype == "f16" else np.float32
+        self.head_id = secrets.randbits(32) or 1
+        self._first: FrameConnection | None = None
+        self._last: FrameConnection | None = None
+        self._sessions: dict[int, RingSession] = {}
+        self._readers: list[asyncio.Task[None]] = []
+        self.failure: RingError | None = None
+
+    @property
+    def first_layer(self) -> int:
+        return self.local_stages[-1].graph.layer_stop if self.local_stages else 0
+
+    async def connect(self, timeout: float = 30.0) -> None:
+        """Reach the first and last stages (retrying until ``timeout``: bring-up order is free)."""
+        hello = Hello(node=self.node, role="head", export_id=self.manifest.export_id, head_id=self.head_id)
+        self._first, first = await self._handshake(self.first_address, hello, timeout, "first stage")
+        if first.layer_start != self.first_layer:
+            raise RingError(f"{first.node} serves layers from {first.layer_start}, the head needs {self.first_layer}")
+        if self.last_address == self.first_address:
+            self._last, last = self._first, first
+        else:
+            self._last, last = await self._handshake(self.last_address, hello, timeout, "last stage")
+        if not last.is_last:
+            raise RingError(f"{last.node} at {self.last_address[0]}:{self.last_address[1]} is not the last stage")
+        for connection in {id(c): c for c in (self._first, self._last)}.values():
+            self._readers.append(asyncio.get_running_loop().create_task(self._read(connection)))
+        log.info("node=%s head %x connected: first %s, last %s", self.node, self.head_id, first.node, last.node)
+
+    async def _handshake(self, address: tuple[str, int], hello: Hello, timeout: float,
+                         what: str) -> tuple[FrameConnection, Hello]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = 0.1
+        while True:
+            try:
+                connection = await dial(*address, self._context, max_payload=self._max_payload,
+                                        label=f"{what} {address[0]}:{address[1]}")
+                await connection.send(hello.to_frame())
+                peer = parse(await expect(connection, FrameType.HELLO, 10.0), Hello)
+                return connection, peer
+            except PeerUnavailableError as exc:
+                if loop.time() + delay > deadline:
+                    raise RingError(f"cannot join the ring: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except ProtocolError as exc:
+                raise RingError(f"{what} {address[0]}:{address[1]}: {exc}") from exc
+
+    def session(self, params: SamplingParams) -> RingSession:
+        """A new conversation (its state on the stages is created by the first step)."""
+        if self._first is None:
+            raise RingError("connect() first")
+        session = RingSession(self, secrets.randbits(63) or 1, params)
+        self._sessions[session.id] = session
+        return session
+
+    async def _read(self, connection: FrameConnection) -> None:
+        """Deliver results and errors to their sessions until the connection ends."""
+        try:
+            while True:
+                frame = await connection.receive()
+                if frame.type is FrameType.GOODBYE:
+                    raise PeerUnavailableError(f"{connection.label} left the ring")
+                session = self._sessions.get(frame.session)
+                if session is None:
+                    continue  # a late answer for a session that already ended
+                if frame.type is FrameType.RESULT:
+                    session._deliver(frame)
+                elif frame.type is FrameType.ERROR:
+                    session._fail(_error(parse(frame, ErrorReport)))
+                else:
+                    raise ProtocolError(f"unexpected {frame.type.name} from {connection.label}")
+        except (PeerUnavailableError, ProtocolError) as exc:
+            error = PeerUnavailableError(f"ring connection lost: {exc}")
+            self.failure = error
+            for session in list(self._sessions.values()):
+                session._fail(error)
+            if isinstance(exc, ProtocolError):
+                connection.abort()
+
+    async def send_first(self, frame: Frame) -> None:
+        if self.failure is not None:
+            raise self.failure
+        assert self._first is not None
+        await self._first.send(frame)
+
+    def forget(self, session: RingSession) -> None:
+        self._sessions.pop(session.id, None)
+
+    async def run_local(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def close(self) -> None:
+        for session in list(self._sessions.values()):
+            with contextlib.suppress(RingError):
+                await session.close()
+        for task in self._readers:
+            task.cancel()
+        for connection in {id(c): c for c in (self._first, self._last) if c is not None}.values():
+            await connection.close()
+
+
+def _error(report: ErrorReport) -> RingError:
+    where = f" ({report.node})" if report.node else ""
+    if report.code == "busy":
+        return FleetBusyError(report.message)
+    if report.code == "peer_lost":
+        return PeerUnavailableError(report.message + where)
+    return SessionFailedError(f"{report.code}: {report.message}{where}")
+
+
+class RingSession:
+    """One conversation driven around the ring; a :class:`~agent.head.targets.Target`."""
+
+    def __init__(self, client: RingClient, session_id: int, params: SamplingParams) -> None:
+        self.client = client
+        self.id = session_id
+        self.params = params
+        self._local: list[StageSession] = [s.new_session() for s in client.local_stages]
+        self._opened = False
+        self._closed = False
+        self._step = 0
+        self._logical = 0
+        self._pending: asyncio.Future[Frame] | None = None
+        self._failure: RingError | None = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def _deliver(self, frame: Frame) -> None:
+        if self._pending is not None and not self._pending.done():
+            self._pending.set_result(frame)
+
+    def _fail(self, error: RingError) -> None:
+        self._failure = error
+        if self._pending is not None and not self._pending.done():
+            self._pending.set_exception(error)
+
+    async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise RingError("the session is closed")
+        if not self._opened:
+            request = SessionOpen(self.client.head_id, self.params.temperature, self.params.top_k, self.params.top_p)
+            await self.client.send_first(request.to_frame(self.id))
+            self._opened = True
+        position = self._logical - rewind
+        fields = {"session": self.id, "step": self._step, "position": position, "count": len(ids),
+                  "rewind": rewind, "flags": StepFlags.LAST_ONLY if last_only else StepFlags.NONE}
+        if self._local:
+            hidden = await self.client.run_local(self._run_local, ids, rewind, position)
+            frame = Frame.tensor(FrameType.STEP, hidden, **fields)
+        else:
+            frame = Frame.tensor(FrameType.STEP, np.asarray([ids], dtype=np.int32), **fields)
+        self._pending = asyncio.get_running_loop().create_future()
+        self.bytes_sent += len(frame.payload) if isinstance(frame.payload, bytes) else frame.payload.nbytes
+        await self.client.send_first(frame)
+        result = await self._pending
+        self._pending = None
+        if result.step != self._step:
+            raise SessionFailedError(f"result for step {result.step} arrived during step {self._step}")
+        self.bytes_received += len(result.payload)
+        self._step += 1
+        self._logical = position + len(ids)
+        return StepOutput.from_frame(result, self.client.manifest.arch.vocab_size, len(ids))
+
+    def _run_local(self, ids: list[int], rewind: int, position: int) -> np.ndarray:
+        positions = np.arange(position, position + len(ids), dtype=np.int64)[None]
+        x: np.ndarray = np.asarray([ids], dtype=np.int64)
+        for session in self._local:
+            session.rewind(rewind)
+            x = session.step(x, positions)
+        return np.array(x, dtype=self.client._wire_dtype)
+
+    async def close(self) -> None:
+        """End the session: every stage frees its state."""
+        if self._closed:
+            return
+        self._closed = True
+        self.client.forget(self)
+        if self._opened and self._failure is None:
+            await self.client.send_first(Frame(FrameType.CLOSE, session=self.id))

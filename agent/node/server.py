@@ -1,0 +1,372 @@
+"""``StageServer``: one agent serving its stage(s) of an export on the ring.
+
+Frames flow one way: a predecessor (or a head) sends OPEN / STEP / CLOSE; this agent runs the
+step on its stages (one worker thread, in arrival order, so steps of many sessions interleave)
+and passes the hidden states to the next stage, or, on the last stage, sends the result straight
+to the session's head. ERROR frames go back up the way the session came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolError
+from agent.head.sampling import SamplingParams
+from agent.node.config import AgentConfig
+from agent.node.sessions import SessionState, SessionTable
+from agent.node.successor import SuccessorLink
+from agent.runtime.readout import read_out
+from agent.runtime.stage import CompiledStage
+from agent.transport.connection import FrameConnection, expect
+from agent.transport.sockets import tune_socket
+from agent.wire import Frame, FrameType, StepFlags
+from agent.wire.messages import ErrorReport, Hello, SessionOpen, parse
+from shards.errors import ShoalError
+from shards.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class _Work:
+    frame: Frame
+    upstream: FrameConnection | None
+    """None for frames this agent makes itself (a CLOSE after its upstream vanished)."""
+
+
+class StageServer:
+    """Accepts fleet peers over mutual TLS and serves the configured stages."""
+
+    def __init__(self, config: AgentConfig, manifest: Manifest, stages: list[CompiledStage], node: str,
+                 server_context: ssl.SSLContext, client_context: ssl.SSLContext,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.manifest = manifest
+        self.stages = stages
+        self.node = node
+        self._server_context = server_context
+        self._clock = clock
+        graphs = [s.graph for s in stages]
+        self.is_last = graphs[-1].head
+        self.hello = Hello(node=node, role="stage", export_id=manifest.export_id, layer_start=graphs[0].layer_start,
+                           layer_stop=graphs[-1].layer_stop, is_last=self.is_last)
+        self.table = SessionTable(config.max_sessions)
+        self.heads: dict[int, FrameConnection] = {}
+        self._queue: asyncio.Queue[_Work] = asyncio.Queue()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{node}")
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started = clock()
+        self.steps_served = 0
+        self.compute_seconds = 0.0
+        self.successor: SuccessorLink | None = None
+        if not self.is_last:
+            if config.next is None:
+                raise ShoalError(f"stage(s) {config.stages} are not the last: the next stage's address is needed")
+            self.successor = SuccessorLink(config.next, client_context, self.hello, on_frame=self._from_successor,
+                                           on_lost=self._successor_lost, max_payload=config.max_payload)
+
+    # -- life cycle ----------------------------------------------------------------------------
+    async def start(self) -> tuple[str, int]:
+        """Listen, connect to the successor in the background, start the worker; returns the address."""
+        host, port = self.config.listen
+        self._server = await asyncio.start_server(self._accept, host, port, limit=1 << 20)
+        self._spawn(self._work())
+        if self.successor is not None:
+            self._spawn(self.successor.run())
+        address = self._server.sockets[0].getsockname()
+        log.info("node=%s serving layers %d-%d on %s:%d%s", self.node, self.hello.layer_start,
+                 self.hello.layer_stop - 1, address[0], address[1], " (last stage)" if self.is_last else "")
+        return address[0], address[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self.successor is not None:
+            await self.successor.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- connections ---------------------------------------------------------------------------
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        peer = writer.get_extra_info("peername")
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            tune_socket(sock)
+        try:
+            await writer.start_tls(self._server_context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
+            log.warning("node=%s refused peer %s: TLS handshake failed: %s", self.node, where, exc)
+            writer.transport.abort()
+            return
+        connection = FrameConnection(reader, writer, max_payload=self.config.max_payload, label=f"peer {where}")
+        hello: Hello | None = None
+        try:
+            hello = parse(await expect(connection, FrameType.HELLO, HANDSHAKE_TIMEOUT), Hello)
+            if hello.role != "status" and hello.export_id != self.manifest.export_id:
+                raise RemoteProtocolError(f"peer runs export {hello.export_id}, this agent serves "
+                                          f"{self.manifest.export_id}")
+            await connection.send(self.hello.to_frame())
+            log.info("node=%s accepted %s %s (%s)", self.node, hello.role, hello.node, where)
+            if hello.role == "head" and self.is_last:
+                self.heads[hello.head_id] = connection
+            await self._serve(connection)
+        except RemoteProtocolError as exc:
+            log.warning("node=%s dropped %s: protocol error: %s", self.node, where, exc)
+            connection.abort()
+        except PeerUnavailableError as exc:
+            log.warning("node=%s %s vanished: %s", self.node, where, exc)
+        finally:
+            if hello is not None and hello.role == "head" and self.heads.get(hello.head_id) is connection:
+                del self.heads[hello.head_id]
+                for session in self.table.of_head(hello.head_id):
+                    self._queue.put_nowait(_Work(Frame(FrameType.CLOSE, session=session), None))
+            for session in self.table.owned_by(connection):
+                # the upstream is gone: free the state here and downstream, after its queued steps
+                self._queue.put_nowait(_Work(Frame(FrameType.CLOSE, session=session), None))
+            if not connection.closed:
+                await connection.close(goodbye=False)
+
+    async def _serve(self, connection: FrameConnection) -> None:
+        while True:
+            frame = await connection.receive()
+            kind = frame.type
+            if kind is FrameType.GOODBYE:
+                await connection.close(goodbye=False)
+                return
+            if kind in (FrameType.OPEN, FrameType.STEP, FrameType.CLOSE):
+                if frame.session == 0:
+                    raise RemoteProtocolError(f"{kind.name} without a session id")
+                self._queue.put_nowait(_Work(frame, connection))
+            elif kind is FrameType.STATUS_REQUEST:
+                await connection.send(Frame.message(FrameType.STATUS, _json(self.status())))
+            else:
+                raise RemoteProtocolError(f"unexpected {kind.name} frame from upstream")
+
+    # -- the worker: one frame at a time, in arrival order ------------------------------------
+    async def _work(self) -> None:
+        while True:
+            work = await self._queue.get()
+            frame = work.frame
+            try:
+                if frame.type is FrameType.OPEN:
+                    await self._open(frame, work.upstream)
+                elif frame.type is FrameType.STEP:
+                    await self._step(frame, work.upstream)
+                else:
+                    await self._close(frame.session, forward=True)
+            except _SessionFailure as failure:
+                await self._fail(frame.session, work.upstream, failure.report)
+            except Exception:  # a bug must not take the agent down for everyone else
+                log.exception("node=%s session=%016x: unexpected failure", self.node, frame.session)
+                await self._fail(frame.session, work.upstream,
+                                 ErrorReport("stage_failed", "internal error", self.node))
+
+    async def _open(self, frame: Frame, upstream: FrameConnection | None) -> None:
+        try:
+            request = parse(frame, SessionOpen)
+        except RemoteProtocolError as exc:
+            raise _SessionFailure("bad_request", str(exc)) from exc
+        if self.table.get(frame.session) is not None:
+            raise _SessionFailure("bad_request", f"session {frame.session:016x} is already open")
+        if self.table.full:
+            log.warning("node=%s session=%016x refused: all %d sessions in use", self.node, frame.session,
+                        self.table.capacity)
+            # refuse without touching the session of the same id downstream: it was never opened
+            if upstream is not None:
+                await _send_quietly(upstream, ErrorReport(
+                    "busy", f"fleet busy: {self.node} already serves {self.table.capacity} sessions; try again later",
+                    self.node).to_frame(frame.session))
+            return
+        loop = asyncio.get_running_loop()
+        sessions = await loop.run_in_executor(self._executor, lambda: [s.new_session() for s in self.stages])
+        self.table.add(SessionState(frame.session, request, sessions, upstream))
+        log.info("node=%s session=%016x opened (head %x, %d/%d sessions)", self.node, frame.session,
+                 request.head_id, len(self.table.sessions), self.table.capacity)
+        if self.successor is not None:
+            try:
+                await asyncio.wait_for(self.successor.ready.wait(), HANDSHAKE_TIMEOUT)
+            except TimeoutError as exc:
+                raise _SessionFailure("peer_lost", f"{self.node}: the next stage is not connected") from exc
+            await self._forward(frame)
+
+    async def _step(self, frame: Frame, upstream: FrameConnection | None) -> None:
+        state = self.table.get(frame.session)
+        if state is None:
+            raise _SessionFailure("unknown_session", f"session {frame.session:016x} is not open on {self.node}")
+        if frame.step != state.next_step:
+            raise _SessionFailure("bad_request", f"step {frame.step} arrived where {state.next_step} was expected")
+        inputs = self._inputs(frame)
+        if frame.rewind > state.logical_length or frame.position != state.logical_length - frame.rewind:
+            raise _SessionFailure("bad_request", f"step at position {frame.position} with rewind {frame.rewind} "
+                                  f"does not follow the {state.logical_length} positions held")
+        loop = asyncio.get_running_loop()
+        started = self._clock()
+        output = await loop.run_in_executor(self._executor, self._compute, state, inputs, frame)
+        self.compute_seconds += self._clock() - started
+        self.steps_served += 1
+        state.next_step += 1
+        if self.is_last:
+            head = self.heads.get(state.open.head_id)
+            if head is None:
+                log.warning("node=%s session=%016x: head %x is not connected; dropping the session", self.node,
+                            frame.session, state.open.head_id)
+                await self._close(frame.session, forward=False)
+                return
+            await _send_quietly(head, output)
+        else:
+            await self._forward(output)
+
+    def _inputs(self, frame: Frame) -> np.ndarray:
+        count = frame.count
+        if count < 1:
+            raise _SessionFailure("bad_request", "a step carries at least one position")
+        try:
+            array = frame.array()
+        except ProtocolError as exc:
+            raise _SessionFailure("bad_request", str(exc)) from exc
+        if self.stages[0].graph.embeddings:
+            if array.shape != (1, count) or array.dtype.kind != "i":
+                raise _SessionFailure("bad_request", f"stage 0 takes [1, {count}] token ids, not {array.shape}")
+            ids = array.astype(np.int64)
+            if ids.min() < 0 or ids.max() >= self.manifest.arch.vocab_size:
+                raise _SessionFailure("bad_request", "token id outside the vocabulary")
+            return ids
+        hidden = self.manifest.arch.hidden_size
+        if array.shape != (1, count, hidden) or array.dtype.kind != "f":
+            raise _SessionFailure("bad_request", f"expected hidden states [1, {count}, {hidden}], got {array.shape}")
+        return array.astype(np.float32)
+
+    def _compute(self, state: SessionState, inputs: np.ndarray, frame: Frame) -> Frame:
+        """Runs on the worker thread: rewind, the stages' inference, the frame to send on."""
+        for session in state.stages:
+            session.rewind(frame.rewind)
+        positions = np.arange(frame.position, frame.position + frame.count, dtype=np.int64)[None]
+        x = inputs
+        for session in state.stages:
+            x = session.step(x, positions)
+        fields = {"session": frame.session, "step": frame.step, "position": frame.position, "count": frame.count,
+                  "rewind": frame.rewind}
+        if self.is_last:
+            request = state.open
+            params = SamplingParams(request.temperature, request.top_k, request.top_p)
+            return read_out(x, params, last_only=bool(frame.flags & StepFlags.LAST_ONLY)).to_frame(
+                frame.session, frame.step)
+        wire = np.array(x, dtype=np.float16 if self.config.wire_dtype == "f16" else np.float32)  # a copy: x is reused
+        return Frame.tensor(FrameType.STEP, wire, flags=frame.flags, **fields)
+
+    async def _close(self, session: int, forward: bool) -> None:
+        state = self.table.pop(session)
+        if state is not None:
+            log.info("node=%s session=%016x closed after %d steps (%d/%d sessions)", self.node, session,
+                     state.next_step, len(self.table.sessions), self.table.capacity)
+        if forward and self.successor is not None and (state is not None):
+            await self._forward_quietly(Frame(FrameType.CLOSE, session=session))
+
+    # -- failures ------------------------------------------------------------------------------
+    async def _fail(self, session: int, upstream: FrameConnection | None, report: ErrorReport) -> None:
+        """Give up one session: free it here and downstream, tell the way it came."""
+        report = dataclasses.replace(report, node=report.node or self.node)
+        log.warning("node=%s session=%016x failed: %s: %s", self.node, session, report.code, report.message)
+        state = self.table.pop(session)
+        target = state.upstream if state is not None else upstream
+        if target is not None:
+            await _send_quietly(target, report.to_frame(session))
+        if self.successor is not None:
+            await self._forward_quietly(Frame(FrameType.CLOSE, session=session))
+
+    async def _forward(self, frame: Frame) -> None:
+        if self.successor is None:
+            raise _SessionFailure("stage_failed", f"{self.node} is the last stage and has no next stage")
+        try:
+            await self.successor.send(frame)
+        except PeerUnavailableError as exc:
+            raise _SessionFailure("peer_lost", f"{self.node}: {exc}") from exc
+
+    async def _forward_quietly(self, frame: Frame) -> None:
+        if self.successor is not None and self.successor.connected:
+            with contextlib.suppress(PeerUnavailableError):
+                await self.successor.send(frame)
+
+    async def _from_successor(self, frame: Frame) -> None:
+        """An ERROR for a session coming back up: free it here and relay it towards the head."""
+        if frame.type is not FrameType.ERROR:
+            log.warning("node=%s ignored %s from the next stage", self.node, frame.type.name)
+            return
+        state = self.table.pop(frame.session)
+        if state is not None and state.upstream is not None:
+            await _send_quietly(state.upstream, frame)
+
+    async def _successor_lost(self, reason: str) -> None:
+        """Every session that crossed the link is gone downstream: fail them all."""
+        for session in list(self.table.sessions):
+            state = self.table.pop(session)
+            if state is not None and state.upstream is not None:
+                report = ErrorReport("peer_lost", f"{self.node} lost the next stage: {reason}", self.node)
+                await _send_quietly(state.upstream, report.to_frame(session))
+
+    # -- status --------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """What ``shoal status`` shows: held sessions, load, the link to the next stage."""
+        return {
+            "node": self.node,
+            "export_id": self.manifest.export_id,
+            "layers": [self.hello.layer_start, self.hello.layer_stop],
+            "stages": list(self.config.stages),
+            "is_last": self.is_last,
+            "device": self.stages[0].device,
+            "sessions": [f"{s:016x}" for s in self.table.sessions],
+            "max_sessions": self.table.capacity,
+            "steps_served": self.steps_served,
+            "compute_seconds": round(self.compute_seconds, 6),
+            "queued": self._queue.qsize(),
+            "next_stage": None if self.successor is None else ("connected" if self.successor.connected else "down"),
+            "heads": len(self.heads),
+            "uptime_s": round(self._clock() - self._started, 3),
+        }
+
+
+class _SessionFailure(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.report = ErrorReport(code, message)
+
+
+async def _send_quietly(connection: FrameConnection, frame: Frame) -> None:
+    """Send where a dead peer is no news (it is being cleaned up elsewhere)."""
+    with contextlib.suppress(PeerUnavailableError):
+        await connection.send(frame)
+
+
+def _json(data: dict[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(data, separators=(",", ":")).encode()

@@ -1,0 +1,54 @@
+"""The sessions one agent holds: a KV state per session on each of its stages, and who owns it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.runtime.session import StageSession
+from agent.wire.messages import SessionOpen
+
+
+@dataclass
+class SessionState:
+    """One conversation on this agent."""
+
+    id: int
+    open: SessionOpen
+    stages: list[StageSession]
+    upstream: Any
+    """The connection the session arrived on (errors go back there; if it dies, the session ends)."""
+    steps: int = 0
+    next_step: int = 0
+
+    @property
+    def logical_length(self) -> int:
+        return self.stages[0].logical_length
+
+
+@dataclass
+class SessionTable:
+    """Sessions by id, capped at ``capacity``."""
+
+    capacity: int
+    sessions: dict[int, SessionState] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        return len(self.sessions) >= self.capacity
+
+    def get(self, session: int) -> SessionState | None:
+        return self.sessions.get(session)
+
+    def add(self, state: SessionState) -> None:
+        self.sessions[state.id] = state
+
+    def pop(self, session: int) -> SessionState | None:
+        return self.sessions.pop(session, None)
+
+    def owned_by(self, connection: object) -> list[int]:
+        """Sessions that arrived over ``connection``."""
+        return [s.id for s in self.sessions.values() if s.upstream is connection]
+
+    def of_head(self, head_id: int) -> list[int]:
+        return [s.id for s in self.sessions.values() if s.open.head_id == head_id]

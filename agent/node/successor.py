@@ -1,0 +1,109 @@
+"""The persistent connection from a stage to the next stage, re-dialled with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+
+from agent.errors import PeerUnavailableError, ProtocolError
+from agent.transport.connection import FrameConnection, dial, expect
+from agent.wire import Frame, FrameType
+from agent.wire.messages import Hello, parse
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START = 0.1
+BACKOFF_MAX = 2.0
+
+
+class SuccessorLink:
+    """Keeps one connection to the successor open, whatever the bring-up order.
+
+    Frames the successor sends back (errors for sessions) go to ``on_frame``; when the link dies,
+    ``on_lost`` is told (the sessions that crossed it are gone on the other side).
+    """
+
+    def __init__(self, address: tuple[str, int], context: ssl.SSLContext, hello: Hello, *,
+                 on_frame: Callable[[Frame], Awaitable[None]], on_lost: Callable[[str], Awaitable[None]],
+                 max_payload: int) -> None:
+        self.address = address
+        self._context = context
+        self._hello = hello
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._max_payload = max_payload
+        self._connection: FrameConnection | None = None
+        self.ready = asyncio.Event()
+        self.peer: Hello | None = None
+        self._stopping = False
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and not self._connection.closed
+
+    async def send(self, frame: Frame) -> None:
+        if self._connection is None:
+            raise PeerUnavailableError(f"next stage {self.address[0]}:{self.address[1]} is not connected")
+        await self._connection.send(frame)
+
+    async def run(self) -> None:
+        """Dial, exchange HELLOs, relay incoming frames; re-dial after any failure."""
+        backoff = BACKOFF_START
+        where = f"{self.address[0]}:{self.address[1]}"
+        while not self._stopping:
+            try:
+                connection = await dial(*self.address, self._context, max_payload=self._max_payload,
+                                        label=f"next stage {where}")
+            except PeerUnavailableError as exc:
+                log.debug("node=%s %s; retrying in %.1f s", self._hello.node, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            try:
+                await connection.send(self._hello.to_frame())
+                peer = parse(await expect(connection, FrameType.HELLO, 10.0), Hello)
+                self._check(peer)
+            except (PeerUnavailableError, ProtocolError) as exc:
+                log.warning("node=%s next stage %s refused or broke the handshake: %s", self._hello.node, where, exc)
+                connection.abort()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            self.peer, self._connection, backoff = peer, connection, BACKOFF_START
+            self.ready.set()
+            log.info("node=%s connected to next stage %s (%s, layers %d-%d)", self._hello.node, where, peer.node,
+                     peer.layer_start, peer.layer_stop - 1)
+            reason = await self._relay(connection)
+            self.ready.clear()
+            self._connection = None
+            if not self._stopping:
+                log.warning("node=%s lost next stage %s: %s", self._hello.node, where, reason)
+                await self._on_lost(reason)
+
+    def _check(self, peer: Hello) -> None:
+        if peer.export_id != self._hello.export_id:
+            raise ProtocolError(f"it serves export {peer.export_id}, this ring runs {self._hello.export_id}")
+        if peer.layer_start != self._hello.layer_stop:
+            raise ProtocolError(f"it serves layers from {peer.layer_start}, this stage ends at "
+                                f"{self._hello.layer_stop}")
+
+    async def _relay(self, connection: FrameConnection) -> str:
+        while True:
+            try:
+                frame = await connection.receive()
+            except PeerUnavailableError as exc:
+                return str(exc)
+            except ProtocolError as exc:
+                connection.abort()
+                return f"protocol error: {exc}"
+            if frame.type is FrameType.GOODBYE:
+                await connection.close(goodbye=False)
+                return "it said goodbye"
+            await self._on_frame(frame)
+
+    async def close(self) -> None:
+        self._stopping = True
+        if self._connection is not None:
+            await self._connection.close()

@@ -1,0 +1,62 @@
+"""What the last stage hands back to the head: top-1 ids (greedy) or sampling distributions.
+
+Full logits never travel by default: for greedy decoding the head only needs the argmax at each
+position (4 bytes each); for sampling it needs the distribution it samples from, after
+temperature / top-k / top-p, which is exactly the support with nonzero probability (ids + probs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.errors import RemoteProtocolError
+from agent.head.distribution import SparseDistribution, decode_many, encode_many
+from agent.head.sampling import SamplingParams, sampling_distribution
+from agent.wire import DType, Frame, FrameType
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """The target model's answer for the positions of one step (all, or the last only)."""
+
+    top1: np.ndarray | None = None
+    """int32 ``[n]``: argmax at each position (greedy sessions)."""
+    dists: list[SparseDistribution] | None = None
+    """Sampling distributions at each position (sampling sessions)."""
+
+    @property
+    def positions(self) -> int:
+        return len(self.top1) if self.top1 is not None else len(self.dists or ())
+
+    def to_frame(self, session: int, step: int) -> Frame:
+        if self.top1 is not None:
+            return Frame.tensor(FrameType.RESULT, self.top1.astype(np.int32), session=session, step=step,
+                                count=len(self.top1))
+        dists = self.dists or []
+        return Frame.message(FrameType.RESULT, encode_many(dists), session=session, step=step, count=len(dists))
+
+    @classmethod
+    def from_frame(cls, frame: Frame, vocab_size: int, max_positions: int) -> StepOutput:
+        """Validated: ids within the vocabulary, at most ``max_positions`` positions."""
+        if frame.dtype is DType.INT32:
+            ids = frame.array()
+            if ids.ndim != 1 or len(ids) > max_positions or len(ids) == 0:
+                raise RemoteProtocolError(f"result of shape {ids.shape} for a step of {max_positions} positions")
+            if ids.min() < 0 or ids.max() >= vocab_size:
+                raise RemoteProtocolError("result holds token ids outside the vocabulary")
+            return cls(top1=ids.copy())
+        if frame.dtype is DType.BYTES:
+            return cls(dists=decode_many(frame.body(), vocab_size, max_positions))
+        raise RemoteProtocolError(f"result payload of dtype {frame.dtype.name}")
+
+
+def read_out(logits: np.ndarray, params: SamplingParams, last_only: bool) -> StepOutput:
+    """Reduce ``[1, n, vocab]`` (or ``[n, vocab]``) logits to what the head needs."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    if last_only:
+        rows = rows[-1:]
+    if params.greedy:
+        return StepOutput(top1=np.argmax(rows, axis=-1).astype(np.int32))
+    return StepOutput(dists=[SparseDistribution.from_probs(sampling_distribution(row, params)) for row in rows])

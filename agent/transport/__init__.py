@@ -1,0 +1,1 @@
+"""Ring connections: mutual-TLS contexts (``tls``) and socket liveness tuning (``sockets``)."""

@@ -1,0 +1,138 @@
+"""The JSON bodies of control frames, as typed messages validated when they arrive."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agent.errors import RemoteProtocolError
+from agent.wire.frames import Frame, FrameType
+
+M = TypeVar("M", bound="Message")
+
+ROLES = ("head", "stage", "status")
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of the JSON messages: ``to_frame`` / ``from_frame`` with field-by-field type checks."""
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls: type[M], body: bytes) -> M:
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RemoteProtocolError(f"{cls.__name__}: body is not JSON") from exc
+        if not isinstance(data, dict):
+            raise RemoteProtocolError(f"{cls.__name__}: body is not a JSON object")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(data) - set(fields)
+        if unknown:
+            raise RemoteProtocolError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+        values: dict[str, Any] = {}
+        for name, f in fields.items():
+            if name not in data:
+                if f.default is dataclasses.MISSING:
+                    raise RemoteProtocolError(f"{cls.__name__}: missing field {name!r}")
+                continue
+            values[name] = _checked(cls.__name__, name, str(f.type), data[name])
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise RemoteProtocolError(f"{cls.__name__}: {exc}") from exc
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "int | None": (int, type(None)),
+    "str | None": (str, type(None)),
+    "list[int]": (list,),
+}
+
+
+def _checked(owner: str, name: str, annotation: str, value: Any) -> Any:
+    allowed = _TYPES.get(annotation)
+    if allowed is None:
+        raise TypeError(f"{owner}.{name}: unsupported annotation {annotation}")
+    bad_bool = isinstance(value, bool) and bool not in allowed
+    if bad_bool or not isinstance(value, allowed):
+        raise RemoteProtocolError(f"{owner}: field {name!r} must be {annotation}, got {type(value).__name__}")
+    if annotation == "list[int]" and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise RemoteProtocolError(f"{owner}: field {name!r} must be a list of integers")
+    return value
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """First frame on a connection, both ways: who is speaking and what it holds."""
+
+    node: str
+    role: str
+    """``head`` (drives sessions, receives results), ``stage`` (the previous stage), ``status``."""
+    export_id: str = ""
+    """Fingerprint of the export the speaker serves or drives; a ring only joins equal ones."""
+    layer_start: int = 0
+    layer_stop: int = 0
+    is_last: bool = False
+    head_id: int = 0
+    """A head's id: the last stage sends the results of this head's sessions on this connection."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {self.role!r}")
+
+    def to_frame(self) -> Frame:
+        return Frame.message(FrameType.HELLO, self.to_json())
+
+
+@dataclass(frozen=True)
+class SessionOpen(Message):
+    """Starts a session on every stage. Sampling settings matter to the last stage only."""
+
+    head_id: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("temperature must be >= 0, top-p in (0, 1], top-k >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_frame(self, session: int) -> Frame:
+        return Frame.message(FrameType.OPEN, self.to_json(), session=session)
+
+
+ERROR_CODES = ("busy", "bad_request", "peer_lost", "stage_failed", "unknown_session")
+
+
+@dataclass(frozen=True)
+class ErrorReport(Message):
+    """Why a stage gave up a session; travels back up the ring to the head."""
+
+    code: str
+    message: str
+    node: str = ""
+
+    def __post_init__(self) -> None:
+        if self.code not in ERROR_CODES:
+            raise ValueError(f"unknown error code {self.code!r}")
+
+    def to_frame(self, session: int) -> Frame:
+        return Frame.message(FrameType.ERROR, self.to_json(), session=session)
+
+
+def parse(frame: Frame, cls: type[M]) -> M:
+    """The message a control frame carries, validated."""
+    return cls.from_json(frame.body())

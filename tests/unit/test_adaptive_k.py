@@ -1,0 +1,121 @@
+"""The per-session draft-length controller, driven by simulated acceptance and timing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.head.adaptive_k import AdaptiveK
+
+LAN = (0.001, 0.0003)  # a: round trip + fixed cost, b: cost per extra position (seconds)
+WAN = (0.200, 0.0003)
+
+
+def _simulate(
+    controller: AdaptiveK, alpha: float, cost: tuple[float, float], steps: int = 400, seed: int = 0
+) -> list[int]:
+    """Drive the controller: each draft survives with probability alpha; step time a + b k with 3% jitter."""
+    rng = np.random.default_rng(seed)
+    a, b = cost
+    chosen = []
+    for _ in range(steps):
+        k = controller.choose()
+        assert 0 <= k <= controller.k_max
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        seconds = (a + b * k) * (1.0 + 0.03 * rng.standard_normal())
+        controller.record(k, accepted, step_seconds=seconds, draft_seconds=0.1 * seconds)
+        chosen.append(k)
+    return chosen
+
+
+@pytest.mark.parametrize(
+    ("alpha", "cost", "low", "high"),
+    [
+        (0.8, LAN, 2, 5),  # cheap round trip: a few drafts pay off (optimum 3)
+        (0.8, WAN, 8, 16),  # expensive round trip: long drafts (optimum ~11 with the b floor)
+        (0.05, LAN, 0, 0),  # drafts almost never survive: do not draft
+        (0.05, WAN, 0, 2),  # barely worth one draft when the trip is expensive
+        (0.0, LAN, 0, 0),
+        (0.0, WAN, 0, 0),
+    ],
+)
+def test_k_follows_acceptance_and_round_trip(alpha: float, cost: tuple[float, float], low: int, high: int) -> None:
+    controller = AdaptiveK()
+    _simulate(controller, alpha, cost)
+    assert low <= controller.best_k() <= high
+    assert controller.alpha == pytest.approx(alpha, abs=0.06)
+
+
+def test_wan_drafts_longer_than_lan() -> None:
+    lan, wan = AdaptiveK(), AdaptiveK()
+    _simulate(lan, 0.7, LAN)
+    _simulate(wan, 0.7, WAN)
+    assert wan.best_k() > lan.best_k() + 3
+
+
+def test_cost_fit_recovers_the_line() -> None:
+    controller = AdaptiveK()
+    _simulate(controller, 0.8, (0.050, 0.004), steps=200)
+    a, b = controller.cost_model()  # type: ignore[misc]
+    assert a == pytest.approx(0.050, rel=0.1)
+    assert b == pytest.approx(0.004, rel=0.3)
+
+
+def test_prior_splits_the_time_until_two_distinct_k_are_seen() -> None:
+    controller = AdaptiveK(explore_every=0)
+    assert controller.cost_model() is None
+    assert controller.choose() == 4  # k_initial before any observation
+    controller.record(4, 4, 0.012, 0.002)
+    a, b = controller.cost_model()  # type: ignore[misc]
+    assert a == pytest.approx(0.012 / 1.2) and b == pytest.approx(0.05 * a)
+    assert controller.draft_seconds_total == pytest.approx(0.002)
+
+
+def test_explores_neighbours_deterministically() -> None:
+    controller = AdaptiveK(explore_every=4)
+    run1 = _simulate(controller, 0.8, LAN, steps=80, seed=3)
+    run2 = _simulate(AdaptiveK(explore_every=4), 0.8, LAN, steps=80, seed=3)
+    assert run1 == run2
+    assert len(set(run1[-40:])) >= 2  # the fit keeps seeing distinct k
+
+
+def test_explores_upwards_from_zero() -> None:
+    controller = AdaptiveK(explore_every=2)
+    for _ in range(40):
+        controller.record(1, 0, 0.001, 0.0)
+        controller.record(0, 0, 0.001, 0.0)
+    assert controller.best_k() == 0
+    seen = []
+    for _ in range(8):
+        k = controller.choose()
+        seen.append(k)
+        controller.record(k, 0, 0.001 + 0.0003 * k, 0.0)
+    assert seen.count(1) == 4 and seen.count(0) == 4
+
+
+def test_fixed_k_is_always_returned() -> None:
+    controller = AdaptiveK(fixed=5)
+    assert _simulate(controller, 0.0, LAN, steps=50) == [5] * 50
+    assert AdaptiveK(fixed=0).choose() == 0
+
+
+@pytest.mark.parametrize("k_max", [0, 1, 3])
+def test_bounds_are_respected(k_max: int) -> None:
+    for alpha, cost in [(0.95, WAN), (0.0, LAN)]:
+        chosen = _simulate(AdaptiveK(k_max=k_max), alpha, cost, steps=100)
+        assert min(chosen) >= 0 and max(chosen) <= k_max
+
+
+def test_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        AdaptiveK(k_max=-1)
+    with pytest.raises(ValueError):
+        AdaptiveK(k_max=4, fixed=5)
+    with pytest.raises(ValueError):
+        AdaptiveK().record(2, 3, 0.1, 0.0)
+    with pytest.raises(ValueError):
+        AdaptiveK().record(2, 1, float("nan"), 0.0)
+    with pytest.raises(ValueError):
+        AdaptiveK().record(2, 1, -0.1, 0.0)

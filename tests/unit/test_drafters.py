@@ -1,0 +1,124 @@
+"""Prompt-lookup (n-gram) drafting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.head.drafters import Draft, Drafter, NGramDrafter
+
+
+def _brute_force(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """The definition, without an index: most recent earlier match of the longest suffix, copied onwards."""
+    length = len(context)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if n > length:
+            continue
+        suffix = context[length - n :]
+        for follow in range(length - 1, n - 1, -1):
+            if context[follow - n : follow] == suffix:
+                extended = list(context)
+                for j in range(k):
+                    extended.append(extended[follow + j])
+                return extended[length:]
+    return []
+
+
+def test_is_a_drafter() -> None:
+    drafter: Drafter = NGramDrafter()
+    assert drafter.propose([1, 2, 3], 4) == Draft([], None)
+
+
+def test_finds_a_repetition() -> None:
+    context = [5, 1, 2, 3, 4, 9, 9, 1, 2]
+    assert NGramDrafter().propose(context, 2).tokens == [3, 4]
+
+
+def test_proposes_at_most_k_and_nothing_for_k_zero() -> None:
+    context = [1, 2, 3, 4, 5, 6, 1, 2]
+    drafter = NGramDrafter()
+    assert drafter.propose(context, 3).tokens == [3, 4, 5]
+    assert drafter.propose(context, 0).tokens == []
+
+
+def test_prefers_the_longest_ngram() -> None:
+    # The 1-gram (3,) last occurred before 7; the 3-gram (1, 2, 3) before 8: the longer match wins.
+    context = [1, 2, 3, 8, 0, 3, 7, 0, 1, 2, 3]
+    assert NGramDrafter(max_ngram=3).propose(context, 1).tokens == [8]
+    assert NGramDrafter(max_ngram=1).propose(context, 1).tokens == [7]
+
+
+def test_prefers_the_most_recent_match() -> None:
+    context = [1, 2, 10, 1, 2, 20, 1, 2, 30, 1, 2]
+    assert NGramDrafter().propose(context, 1).tokens == [30]
+
+
+def test_no_match_proposes_nothing() -> None:
+    assert NGramDrafter().propose([1, 2, 3, 4], 5).tokens == []
+    assert NGramDrafter(min_ngram=2).propose([1, 2, 3, 1], 5).tokens == []
+    assert NGramDrafter().propose([], 5).tokens == []
+
+
+def test_a_match_reaching_the_end_continues_periodically() -> None:
+    assert NGramDrafter().propose([7, 7, 7], 4).tokens == [7, 7, 7, 7]
+    assert NGramDrafter().propose([0, 1, 2, 1, 2], 5).tokens == [1, 2, 1, 2, 1]
+
+
+def test_growing_context_is_indexed_incrementally() -> None:
+    drafter = NGramDrafter()
+    context = [4, 5, 6]
+    assert drafter.propose(context, 2).tokens == []
+    context += [7, 4, 5]
+    assert drafter.propose(context, 2).tokens == [6, 7]
+    context += [6, 9]
+    assert drafter.propose(context, 2).tokens == _brute_force(context, 2, 3, 1)
+
+
+def test_commit_rewinds_the_index() -> None:
+    drafter = NGramDrafter()
+    context = [1, 2, 3, 1, 2, 4, 1, 2]
+    assert drafter.propose(context, 1).tokens == [4]
+    drafter.commit(5)  # [1, 2, 3, 1, 2] kept: the "1 2 -> 4" occurrence is gone
+    context = [1, 2, 3, 1, 2, 5, 1, 2]
+    assert drafter.propose(context, 1).tokens == [5]
+    drafter.commit(3)
+    assert drafter.propose([1, 2, 3, 1, 2], 2).tokens == [3, 1]
+
+
+def test_a_shorter_or_different_context_rebuilds_the_index() -> None:
+    drafter = NGramDrafter()
+    assert drafter.propose([1, 2, 3, 1, 2, 4, 1, 2], 1).tokens == [4]
+    assert drafter.propose([1, 2, 3, 1, 2], 1).tokens == [3]  # shorter, no commit
+    assert drafter.propose([9, 2, 3, 9, 2, 8, 9, 2], 1).tokens == [8]  # same length, other tokens
+    drafter.reset()
+    assert drafter.propose([6, 6], 1).tokens == [6]
+
+
+def test_accepts_numpy_contexts() -> None:
+    assert NGramDrafter().propose(np.array([3, 4, 5, 3, 4], dtype=np.int64), 2).tokens == [5, 3]
+
+
+@pytest.mark.parametrize(("max_ngram", "min_ngram"), [(3, 1), (4, 2), (1, 1)])
+def test_matches_the_definition_on_random_growth_and_rewinds(max_ngram: int, min_ngram: int) -> None:
+    rng = np.random.default_rng(max_ngram * 10 + min_ngram)
+    drafter = NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+    context: list[int] = []
+    for _ in range(300):
+        if context and rng.random() < 0.1:
+            kept = int(rng.integers(0, len(context)))
+            context = context[:kept]
+            drafter.commit(kept)
+        context += rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist()
+        k = int(rng.integers(0, 6))
+        assert drafter.propose(context, k).tokens == _brute_force(context, k, max_ngram, min_ngram)
+
+
+def test_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        NGramDrafter(max_ngram=1, min_ngram=2)
+    with pytest.raises(ValueError):
+        NGramDrafter(min_ngram=0)
+    with pytest.raises(ValueError):
+        NGramDrafter().propose([1], -1)
+    with pytest.raises(ValueError):
+        NGramDrafter().commit(-1)
