@@ -78,16 +78,18 @@ async def decode(
     stats.first_token_seconds = clock() - started
     new_tokens = [_pick(first, rng, params)]
     rewind = 0
+    produced = 0  # not stats.tokens: one stats object may add up several generations
     while True:
         for token in new_tokens:
             if token in stop_ids:
                 return
             context.append(token)
+            produced += 1
             stats.tokens += 1
             yield token
-            if stats.tokens >= max_tokens:
+            if produced >= max_tokens:
                 return
-        room = min(max_tokens - stats.tokens - 1, context_tokens - len(context) - 1)
+        room = min(max_tokens - produced - 1, context_tokens - len(context) - 1)
         k = min(policy.choose(), max(room, 0)) if drafter is not None else 0
         started = clock()
         draft = Draft([])

@@ -1,0 +1,27 @@
+"""Fixtures of the ring tests: a fleet and a 3-agent ring over the fp32 3-stage export."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.ring_lab import AgentProcess, Fleet, start_ring
+
+RING_MAX_SESSIONS = 3
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    return Fleet(tmp_path_factory.mktemp("fleet"))
+
+
+@pytest.fixture(scope="session")
+def ring3(exported: Callable[..., Path], fleet: Fleet, cache_dir: Path) -> Iterator[list[AgentProcess]]:
+    """Three agents (one per stage of the fp32 3-stage export), each holding at most 3 sessions."""
+    agents = start_ring(exported(3, "fp32"), fleet, cache_dir, 3,
+                        extra=["--max-sessions", str(RING_MAX_SESSIONS), "--precision", "f32"])
+    yield agents
+    for agent in agents:
+        agent.stop()

@@ -1,0 +1,266 @@
+"""The ring (issue 3): agents as separate processes on loopback, a head driving them over mTLS.
+
+Acceptance 1 (ring == in-process pipeline == transformers), 2 (speculative decoding with each
+drafter == plain greedy), 3 (concurrent sessions from two heads == alone), the "fleet busy"
+limit, the prompt-length check, and 6 (a killed head frees its session on every stage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.errors import FleetBusyError
+from agent.fleet import NodeIdentity
+from agent.head.adaptive_k import AdaptiveK
+from agent.head.chat import PromptTooLongError
+from agent.head.decode import DecodeStats, decode
+from agent.head.drafting import make_drafter
+from agent.head.ring_client import RingClient
+from agent.head.sampling import SamplingParams
+from agent.head.targets import LocalTarget
+from agent.runtime import LocalPipeline, RuntimeConfig
+from agent.transport.tls import client_context
+from shards.manifest import Manifest
+from tests.conftest import PROMPTS, greedy
+from tests.integration.conftest import RING_MAX_SESSIONS
+from tests.integration.ring_lab import AgentProcess, Fleet, status, wait_for
+
+pytestmark = pytest.mark.ring
+GREEDY = SamplingParams()
+N_TOKENS = 64
+
+
+def _client(folder: Path, ring: list[AgentProcess], identity: NodeIdentity) -> RingClient:
+    return RingClient(Manifest.load(folder), ring[0].address, ring[-1].address, client_context(identity),
+                      identity.name)
+
+
+async def _generate(client: RingClient, prompt: list[int], params: SamplingParams = GREEDY, drafter: object = None,
+                    k: int | None = None, n: int = N_TOKENS, stats: DecodeStats | None = None) -> list[int]:
+    session = client.session(params)
+    try:
+        return [t async for t in decode(session, prompt, max_tokens=n, stop_ids=frozenset(), params=params,
+                                        context_tokens=client.manifest.context_tokens, drafter=drafter,  # type: ignore[arg-type]
+                                        k_policy=AdaptiveK(fixed=k), stats=stats)]
+    finally:
+        await session.close()
+
+
+def _ring_tokens(folder: Path, ring: list[AgentProcess], identity: NodeIdentity, prompts: list[list[int]],
+                 **kwargs: object) -> list[list[int]]:
+    async def run() -> list[list[int]]:
+        client = _client(folder, ring, identity)
+        await client.connect()
+        try:
+            return [await _generate(client, p, **kwargs) for p in prompts]  # type: ignore[arg-type]
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def pipeline_tokens(exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]) -> list[list[int]]:
+    """Greedy tokens of the in-process fp32 3-stage pipeline."""
+    folder = exported(3, "fp32")
+    pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
+    return [greedy(pipeline.new_session(), ids, N_TOKENS)[0] for ids in chat_ids]
+
+
+def test_ring_matches_pipeline_and_transformers(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+    pipeline_tokens: list[list[int]], hf_reference: list[tuple[list[int], np.ndarray]],
+) -> None:
+    tokens = _ring_tokens(exported(3, "fp32"), ring3, fleet.identity("head"), chat_ids)
+    for prompt, ring, local, (hf, _) in zip(PROMPTS, tokens, pipeline_tokens, hf_reference, strict=True):
+        assert ring == local, f"ring differs from the in-process pipeline on {prompt!r}"
+        assert ring == hf, f"ring differs from transformers on {prompt!r}"
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "self-draft", "draft-model"])
+def test_speculative_decoding_is_token_exact(
+    drafter: str, ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    chat_ids: list[list[int]], pipeline_tokens: list[list[int]], record_property: Callable[[str, object], None],
+) -> None:
+    folder = exported(3, "fp32")
+    manifest = Manifest.load(folder)
+    config = RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov")
+    # self-draft: the int4 3-stage export carries 4 layers of SmolLM2 as a draft;
+    # draft model: a whole int4 1-stage export of the same model (a quantized sibling)
+    source = {"ngram": None, "self-draft": (3, "int4"), "draft-model": (1, "int4")}[drafter]
+    draft_export = exported(*source) if source else None
+    kind = "ngram" if drafter == "ngram" else "draft"
+    stats = DecodeStats()
+
+    async def run() -> list[list[int]]:
+        client = _client(folder, ring3, fleet.identity("head"))
+        await client.connect()
+        try:
+            results = []
+            for ids in chat_ids:
+                draft = make_drafter(kind, folder, manifest, GREEDY, config, draft_export)
+                results.append(await _generate(client, ids, drafter=draft, stats=stats))
+            return results
+        finally:
+            await client.close()
+
+    tokens = asyncio.run(run())
+    print(f"\n{drafter}: acceptance {stats.acceptance:.1%} of {stats.drafted} drafted, "
+          f"{stats.tokens / max(stats.steps + len(chat_ids), 1):.2f} tokens per ring step, median K {stats.median_k}")
+    record_property("acceptance", stats.acceptance)
+    assert stats.drafted > 0, "the drafter never drafted: speculation was not exercised"
+    for prompt, spec, plain in zip(PROMPTS, tokens, pipeline_tokens, strict=True):
+        assert spec == plain, f"{drafter}: speculative tokens differ from greedy decoding on {prompt!r}"
+
+
+def test_concurrent_sessions_from_two_heads_match_alone(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    chat_ids: list[list[int]], pipeline_tokens: list[list[int]],
+) -> None:
+    """Head A runs two sessions at once (one speculative) while head B, another process, runs a third."""
+    folder = exported(3, "fp32")
+    head_b = fleet.identity("head-b")
+    prompt_b = PROMPTS[3]
+    command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "generate", str(folder),
+               prompt_b, "--max-tokens", "48", "--drafter", "none", "--no-verify", "--identity",
+               str(head_b.cert.parent), "--ring", f"{ring3[0].address[0]}:{ring3[0].address[1]},"
+               f"{ring3[-1].address[0]}:{ring3[-1].address[1]}"]
+    alone_b = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert alone_b.returncode == 0, alone_b.stderr
+
+    async def together() -> tuple[list[list[int]], str]:
+        client = _client(folder, ring3, fleet.identity("head"))
+        await client.connect()
+        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
+                                                       stderr=asyncio.subprocess.PIPE)
+        try:
+            a1, a2 = await asyncio.gather(
+                _generate(client, chat_ids[0]),
+                _generate(client, chat_ids[1], drafter=make_drafter("ngram", folder, client.manifest, GREEDY,
+                                                                    RuntimeConfig())),
+            )
+            out, err = await asyncio.wait_for(process.communicate(), 300)
+            assert process.returncode == 0, err.decode()
+            return [a1, a2], out.decode()
+        finally:
+            await client.close()
+
+    (a1, a2), text_b = asyncio.run(together())
+    assert a1 == pipeline_tokens[0]
+    assert a2 == pipeline_tokens[1]
+    assert text_b == alone_b.stdout
+
+
+def test_fleet_busy_refuses_only_the_extra_session(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+    pipeline_tokens: list[list[int]],
+) -> None:
+    folder = exported(3, "fp32")
+
+    async def run() -> list[list[int]]:
+        client = _client(folder, ring3, fleet.identity("head"))
+        await client.connect()
+        sessions = [client.session(GREEDY) for _ in range(RING_MAX_SESSIONS)]
+        try:
+            first = [await s.step(chat_ids[0], 0, last_only=True) for s in sessions]
+            extra = client.session(GREEDY)
+            with pytest.raises(FleetBusyError, match="fleet busy"):
+                await extra.step(chat_ids[0], 0, last_only=True)
+            await extra.close()
+            # the sessions already open carry on undisturbed
+            token = int(first[0].top1[-1])  # type: ignore[index]
+            for session in sessions:
+                out = await session.step([token], 0, last_only=True)
+                assert int(out.top1[-1]) == pipeline_tokens[0][1]  # type: ignore[index]
+        finally:
+            for session in sessions:
+                await session.close()
+        # once they are closed there is room again
+        return [await _generate(client, chat_ids[2], n=8)]
+
+    tokens = asyncio.run(run())
+    assert tokens[0] == pipeline_tokens[2][:8]
+
+
+def test_prompt_too_long_fails_before_anything_is_sent(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet,
+) -> None:
+    folder = exported(3, "fp32")
+    before = status(ring3[0].address, fleet.identity("head"))["steps_served"]
+
+    async def run() -> None:
+        client = _client(folder, ring3, fleet.identity("head"))
+        await client.connect()
+        try:
+            with pytest.raises(PromptTooLongError, match="context"):
+                await _generate(client, [1] * client.manifest.context_tokens, n=16)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+    assert status(ring3[0].address, fleet.identity("head"))["steps_served"] == before
+
+
+def test_killed_head_frees_its_session_on_every_stage(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+) -> None:
+    folder = exported(3, "fp32")
+    observer = fleet.identity("observer")
+    head = fleet.identity("doomed-head")
+    command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "generate", str(folder),
+               "Count from one to one thousand in words.", "--max-tokens", "1500", "--drafter", "none",
+               "--no-verify", "--identity", str(head.cert.parent), "--ring",
+               f"{ring3[0].address[0]}:{ring3[0].address[1]},{ring3[-1].address[0]}:{ring3[-1].address[1]}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        held = wait_for(lambda: all(status(a.address, observer)["sessions"] for a in ring3), 120,
+                        "the head's session on every stage")
+        assert held
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(10)
+        wait_for(lambda: not any(status(a.address, observer)["sessions"] for a in ring3), 15,
+                 "every stage to free the killed head's session")
+    finally:
+        if process.poll() is None:
+            process.kill()
+    for agent in ring3:
+        assert "closed after" in agent.log_text()
+
+
+def test_in_process_target_and_ring_sample_identically(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    chat_ids: list[list[int]],
+) -> None:
+    """Sampling (temperature, top-p, seed) with n-gram speculation: the ring draws what the pipeline draws."""
+    folder = exported(3, "fp32")
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=1234)
+    manifest = Manifest.load(folder)
+    pipeline = LocalPipeline(folder, manifest, RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
+
+    async def local() -> list[int]:
+        target = LocalTarget(pipeline.new_session(), params, ThreadPoolExecutor(1))
+        return [t async for t in decode(target, chat_ids[1], max_tokens=48, stop_ids=frozenset(), params=params,
+                                        context_tokens=manifest.context_tokens,
+                                        drafter=make_drafter("ngram", folder, manifest, params, RuntimeConfig()),
+                                        k_policy=AdaptiveK(fixed=3))]
+
+    async def ring() -> list[int]:
+        client = _client(folder, ring3, fleet.identity("head"))
+        await client.connect()
+        try:
+            return await _generate(client, chat_ids[1], params=params, n=48, k=3,
+                                   drafter=make_drafter("ngram", folder, manifest, params, RuntimeConfig()))
+        finally:
+            await client.close()
+
+    assert asyncio.run(ring()) == asyncio.run(local())
