@@ -1,0 +1,122 @@
+"""Ring life cycle: bring-up in any order, a stage that dies and comes back, cancellation by the head."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agent.errors import RingError
+from agent.head.adaptive_k import AdaptiveK
+from agent.head.decode import decode
+from tests.integration.ring_lab import AgentProcess, Fleet, start_agent, status, wait_for
+from tests.integration.test_ring import GREEDY, _client, _generate
+
+pytestmark = pytest.mark.ring
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _tokens(folder: Path, ring: list[AgentProcess], fleet: Fleet, prompt: list[int], n: int) -> list[int]:
+    async def run() -> list[int]:
+        client = _client(folder, ring, fleet.identity("head"))
+        await client.connect()
+        try:
+            return await _generate(client, prompt, n=n)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def test_first_stage_up_before_its_successor_then_successor_restarts(
+    exported: Callable[..., Path], fleet: Fleet, cache_dir: Path, chat_ids: list[list[int]],
+) -> None:
+    folder = exported(2, "fp32")
+    port = _free_port()
+    observer = fleet.identity("observer")
+    first = start_agent(folder, 0, fleet.identity("early0"), cache_dir, next_address=("127.0.0.1", port))
+    agents = [first]
+    try:
+        assert status(first.address, observer)["next_stage"] == "down"
+        second = start_agent(folder, 1, fleet.identity("late1"), cache_dir, extra=["--listen", f"127.0.0.1:{port}"])
+        agents.append(second)
+        wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20, "stage 0 to find stage 1")
+        before = _tokens(folder, agents, fleet, chat_ids[0], 24)
+
+        # the successor dies in the middle of a generation: the head gets an error, not a hang
+        async def interrupted() -> None:
+            client = _client(folder, agents, fleet.identity("head"))
+            await client.connect()
+            try:
+                session = client.session(GREEDY)
+                produced = 0
+                async for _ in decode(session, chat_ids[1], max_tokens=2000, stop_ids=frozenset(), params=GREEDY,
+                                      context_tokens=client.manifest.context_tokens, k_policy=AdaptiveK(fixed=0)):
+                    produced += 1
+                    if produced == 5:
+                        os.kill(second.process.pid, signal.SIGKILL)
+            finally:
+                await client.close()
+
+        with pytest.raises(RingError):
+            asyncio.run(asyncio.wait_for(interrupted(), 30))
+        second.process.wait(10)
+        wait_for(lambda: status(first.address, observer)["next_stage"] == "down", 10, "stage 0 to notice")
+        assert status(first.address, observer)["sessions"] == [], "the broken session was not freed on stage 0"
+
+        # the same stage comes back on the same port: stage 0 re-dials it, and the ring answers as before
+        agents[1] = start_agent(folder, 1, fleet.identity("late1"), cache_dir,
+                                extra=["--listen", f"127.0.0.1:{port}"])
+        wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20, "stage 0 to reconnect")
+        assert _tokens(folder, agents, fleet, chat_ids[0], 24) == before
+    finally:
+        for agent in agents:
+            agent.stop()
+    assert any("lost next stage" in line for line in first.log)
+
+
+def test_cancelled_generation_frees_every_stage(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+) -> None:
+    folder = exported(3, "fp32")
+    observer = fleet.identity("observer")
+
+    async def run() -> list[int]:
+        client = _client(folder, ring3, fleet.identity("head"))
+        await client.connect()
+        try:
+            produced = asyncio.Event()
+
+            async def long_answer() -> None:
+                session = client.session(GREEDY)
+                try:
+                    async for _ in decode(session, chat_ids[2], max_tokens=2000, stop_ids=frozenset(),
+                                          params=GREEDY, context_tokens=client.manifest.context_tokens):
+                        produced.set()
+                finally:
+                    await session.close()
+
+            task = asyncio.get_running_loop().create_task(long_answer())
+            await asyncio.wait_for(produced.wait(), 60)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # the same head goes on with a new session
+            return await _generate(client, chat_ids[0], n=8)
+        finally:
+            await client.close()
+
+    tokens = asyncio.run(run())
+    assert len(tokens) == 8
+    wait_for(lambda: not any(status(a.address, observer)["sessions"] for a in ring3), 10,
+             "every stage to free the cancelled session")

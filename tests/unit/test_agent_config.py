@@ -1,0 +1,54 @@
+"""The agent's configuration: a TOML file, overridden by flags, validated once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.node.config import ConfigError, load_agent_config, parse_address
+
+
+def test_file_then_flags(tmp_path: Path) -> None:
+    config_file = tmp_path / "agent.toml"
+    config_file.write_text('export_dir = "/srv/export"\nstages = [1, 2]\nidentity_dir = "/srv/id"\n'
+                           'listen = "0.0.0.0:7000"\nnext = "10.0.0.3:7000"\nthreads = 2\nmax_sessions = 4\n')
+    config = load_agent_config(config_file, {"threads": 1, "device": None})
+    assert config.export_dir == Path("/srv/export")
+    assert config.stages == (1, 2)
+    assert config.listen == ("0.0.0.0", 7000)
+    assert config.next == ("10.0.0.3", 7000)
+    assert config.runtime.threads == 1  # the flag wins over the file
+    assert config.max_sessions == 4
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"stages": [0, 2]}, "consecutive"),
+    ({"max_sessions": 0}, "at least 1"),
+    ({"wire_dtype": "f8"}, "wire_dtype"),
+    ({"colour": "blue"}, "unknown agent settings: colour"),
+    ({"stages": None, "identity_dir": "x"}, "'stages' is missing"),
+])
+def test_bad_settings_are_refused(overrides: dict[str, object], message: str) -> None:
+    values: dict[str, object] = {"export_dir": "e", "stages": [0], "identity_dir": "i"} | overrides
+    with pytest.raises(ConfigError, match=message):
+        load_agent_config(None, values)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("stages = [")
+    with pytest.raises(ConfigError, match=r"bad\.toml"):
+        load_agent_config(bad, {})
+
+
+@pytest.mark.parametrize("text", ["nohost", "host:", "host:99999", "host:abc"])
+def test_bad_addresses(text: str) -> None:
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        parse_address(text)
+
+
+def test_addresses() -> None:
+    assert parse_address("10.1.2.3:80") == ("10.1.2.3", 80)
+    assert parse_address("[::1]:7000") == ("::1", 7000)
+    assert parse_address(":7000") == ("127.0.0.1", 7000)
