@@ -1,5 +1,6 @@
 # The two set-up commands of the README. Each creates .venv and installs everything it needs.
-#   make demo   export SmolLM2-135M-Instruct into 3 stage shards (cached) and chat through them
+#   make demo   export SmolLM2-135M-Instruct into 3 stage shards (cached), start a local ring of 3 agents
+#               over mutual TLS and answer a chat prompt through it
 #   make test   run the whole test suite (pytest -m fast for the quick unit tier)
 # Elsewhere than on a machine with the local CPU wheel of torch, point pip at the CPU index:
 #   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -28,8 +29,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/shoal export smollm2 --stages 3 --out $(EXPORT)
-	$(BIN)/shoal generate $(EXPORT) "$(PROMPT)"
+	$(BIN)/shoal demo --out $(EXPORT) --prompt "$(PROMPT)"
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -7,7 +7,9 @@ import asyncio
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.chat import ChatTokenizer, TextStream
@@ -20,41 +22,63 @@ from agent.runtime.stage import CompiledStage
 from shards.manifest import Manifest
 
 
+@dataclass(frozen=True)
+class HeadOptions:
+    """How a head answers: where the stages are, which drafter, which K."""
+
+    drafter: str = "auto"
+    draft_export: Path | None = None
+    k: int | None = None
+    """Fixed K; None adapts it."""
+    ring: tuple[tuple[str, int], ...] = ()
+    """Addresses of the first remote stage and of the last; empty: every stage in-process."""
+    local_stages: int = 0
+    identity_dir: Path | None = None
+    verify: bool = True
+
+
 def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
-    return asyncio.run(_generate(args, cache_dir, data_dir))
+    from agent.cli.common import identity_dir
+    from agent.node.config import parse_address
 
-
-async def _generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
-    manifest = Manifest.load(args.export_dir)
+    ring = tuple(parse_address(a) for a in args.ring.split(",")) if args.ring else ()
+    options = HeadOptions(args.drafter, args.draft_export, args.k, ring, args.local_stages,
+                          identity_dir(args.identity, data_dir) if ring else None, not args.no_verify)
     config = RuntimeConfig(
         device=args.device, threads=args.threads, cache_dir=cache_dir / "ov-cache", precision=args.precision
     )
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    tokenizer = ChatTokenizer(args.export_dir / "tokenizer")
-    prompt_ids = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+    asyncio.run(stream_answer(args.export_dir, args.prompt, params, config, options, args.max_tokens))
+    return 0
+
+
+async def stream_answer(export_dir: Path, prompt: str, params: SamplingParams, config: RuntimeConfig,
+                        options: HeadOptions, max_tokens: int, out: TextIO = sys.stdout) -> DecodeStats:
+    """Answer one chat prompt, writing the text to ``out`` as it comes and a summary line to stderr."""
+    manifest = Manifest.load(export_dir)
+    tokenizer = ChatTokenizer(export_dir / "tokenizer")
+    prompt_ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
     # one thread for everything this PC computes (local stages and the draft), as on a donor PC
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="head")
-    local_count = len(manifest.stages) if not args.ring else args.local_stages
+    local_count = options.local_stages if options.ring else len(manifest.stages)
     local_graphs = list(manifest.stages[:local_count])
-    if not args.no_verify:
-        manifest.verify(args.export_dir, graphs=local_graphs)
-    drafter = make_drafter(args.drafter, args.export_dir, manifest, params, config, args.draft_export)
+    if options.verify and local_graphs:
+        manifest.verify(export_dir, graphs=local_graphs)
+    drafter = make_drafter(options.drafter, export_dir, manifest, params, config, options.draft_export)
     client = None
     target: Target
-    if not args.ring:
-        pipeline = LocalPipeline(args.export_dir, manifest, config)
+    if not options.ring:
+        pipeline = LocalPipeline(export_dir, manifest, config)
         target, where = LocalTarget(pipeline.new_session(), params, executor), f"{len(manifest.stages)} local stages"
     else:
-        from agent.cli.common import identity_dir
         from agent.fleet import NodeIdentity
         from agent.head.ring_client import RingClient
-        from agent.node.config import parse_address
         from agent.transport.tls import client_context
 
-        identity = NodeIdentity.load(identity_dir(args.identity, data_dir))
-        addresses = [parse_address(a) for a in args.ring.split(",")]
-        local = [CompiledStage(args.export_dir, g, manifest.weights, config) for g in local_graphs]
-        client = RingClient(manifest, addresses[0], addresses[-1], client_context(identity), identity.name,
+        assert options.identity_dir is not None
+        identity = NodeIdentity.load(options.identity_dir)
+        local = [CompiledStage(export_dir, g, manifest.weights, config) for g in local_graphs]
+        client = RingClient(manifest, options.ring[0], options.ring[-1], client_context(identity), identity.name,
                             local_stages=local, executor=executor)
         await client.connect()
         target = client.session(params)
@@ -64,20 +88,20 @@ async def _generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -
     stats = DecodeStats()
     start = time.perf_counter()
     try:
-        async for token in decode(target, prompt_ids, max_tokens=args.max_tokens, stop_ids=tokenizer.stop_ids,
+        async for token in decode(target, prompt_ids, max_tokens=max_tokens, stop_ids=tokenizer.stop_ids,
                                   params=params, context_tokens=manifest.context_tokens, drafter=drafter,
-                                  k_policy=AdaptiveK(fixed=args.k), executor=executor, stats=stats):
-            sys.stdout.write(stream.push(token))
-            sys.stdout.flush()
+                                  k_policy=AdaptiveK(fixed=options.k), executor=executor, stats=stats):
+            out.write(stream.push(token))
+            out.flush()
     finally:
         await target.close()
         if client is not None:
             await client.close()
         executor.shutdown()
-    sys.stdout.write("\n")
+    out.write("\n")
     elapsed = time.perf_counter() - start
     spec = (f", {stats.acceptance:.0%} of {stats.drafted} drafted tokens accepted, median K {stats.median_k:g}"
             if stats.drafted else "")
     print(f"[{stats.tokens} tokens in {elapsed:.2f} s, {stats.tokens / elapsed:.1f} tok/s, {stats.steps + 1} steps "
           f"through {where}{spec}]", file=sys.stderr)
-    return 0
+    return stats

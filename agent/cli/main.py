@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-stages", type=int, default=0, help="with --ring: stages this head runs itself")
     p.add_argument("--identity", type=Path, default=None, help="with --ring: this node's identity folder")
 
+    p = sub.add_parser("demo", help="the built-in demo: SmolLM2 in stage shards, a local ring of agents, one answer")
+    p.add_argument("--model", default="smollm2", help="SOURCE to export (default smollm2)")
+    p.add_argument("--stages", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("exports/smollm2-3stage"), help="export folder (reused)")
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--max-tokens", type=int, default=200)
+
     p = sub.add_parser("agent", help="serve stage(s) of an export on the ring (a long-running daemon)")
     p.add_argument("export_dir", type=Path, nargs="?", default=None)
     p.add_argument("--config", type=Path, default=None, help="TOML file with the same settings as the flags")
@@ -127,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="before each run, wait up to SECONDS for the other cores to be idle (default 0)")
     b.add_argument("--resident-workers", action="store_true",
                    help="one process per configuration serving all its runs, instead of a fresh one per run")
+    b = bench.add_parser("ring", help="the ring of one-thread agents (pp, speculation, 2 users, added latency) "
+                                      "vs openvino_genai")
+    from agent.bench.ring_bench import add_arguments
+
+    add_arguments(b)
     return parser
 
 
@@ -148,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             from agent.cli.generate_cmd import run_generate
 
             return run_generate(args, cache_dir, default_data_dir())
+        if args.command == "demo":
+            from agent.cli.demo_cmd import DEFAULT_PROMPT, run_demo
+
+            args.prompt = args.prompt or DEFAULT_PROMPT
+            return run_demo(args, cache_dir, default_data_dir())
         if args.command == "agent":
             from agent.cli.agent_cmd import run_agent
 
@@ -161,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_fleet(args, default_data_dir())
         if args.command == "bench":
+            if args.bench == "ring":
+                from agent.bench.ring_bench import run_bench_ring
+
+                return run_bench_ring(args, cache_dir)
             from agent.bench.shards_bench import run_bench_shards
 
             return run_bench_shards(args, cache_dir)
