@@ -1,0 +1,1259 @@
+"""``shoal bench ring``: the ring of agents against the monolithic openvino_genai baseline.
+
+What one "PC" is (issue 3, DESIGN.md "Measuring"): one agent limited to one CPU thread. The head
+(tokenizer, drafter, generation loop) lives on the PC that holds stage 0 and shares its thread, so
+this process *is* the head: it pins itself to one core (``--head-core``), runs stage 0 in-process
+with one OpenVINO thread on a one-worker executor (drafting runs there too), and talks to the other
+stages, ``shoal agent`` processes pinned with ``taskset`` to the other core (``--agent-core``; with
+3 stages, two agents share that core). The baseline ``mono`` is ``openvino_genai.LLMPipeline`` on
+an optimum-intel export of the same int4 checkpoint, one thread, pinned to the head's core, in a
+fresh process per run (the ``shoal bench shards`` worker).
+
+Configurations: ``mono`` (1 user), ``pp`` (ring, 1 user, no speculation), ``pp+sd`` (best drafter,
+adaptive K), ``pp+mb`` (2 users = 2 concurrent sessions from this head), ``pp+sd+mb``. Aggregate
+decode tok/s excludes each user's first token (prefill): tokens stamped after the last user got its
+first token, over the time from then to the last token.
+
+Latency: a delay proxy (:mod:`agent.bench.delay_proxy`, its own process) sits in front of every
+agent's listening port, so a ring token crosses N delayed hops for N stages (head -> stage 1, ...,
+last stage -> head, on the head's own connection to the last stage). The delay is changed in place
+between latencies; agents and the head stay up for all configurations and latencies of a setup.
+The proxy is in the path at 0 ms too.
+
+Per-token time split (single-user configurations): stage 0 on the head (executor time, of which
+``InferRequest.infer``), drafting, each agent's compute (``compute_seconds`` from its status),
+the head's own Python (CPU time of the event-loop thread, plus executor time outside ``infer``),
+and the rest of the wall time: the wire (loopback, proxies, delays) and the agents' event loops.
+
+Runs interleave the configurations in a rotated order per round; each timed run follows an untimed
+warm-up of the same configuration (``--warmup-tokens``). Results: median and range over runs;
+ratios are taken within one invocation (``mono`` runs in the rounds of the first latency only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.bench import BenchError
+from agent.bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
+from agent.bench.shards_bench import _append_markdown, _command_line, _machine, _slug, rotation
+from agent.bench.stats import Summary, agreement, paired_ratios
+
+CONFIGS = ("mono", "pp", "pp+sd", "pp+mb", "pp+sd+mb")
+USERS = {"mono": 1, "pp": 1, "pp+sd": 1, "pp+mb": 2, "pp+sd+mb": 2}
+SPECULATIVE = frozenset({"pp+sd", "pp+sd+mb"})
+DEFAULT_SETUPS = (("qwen2.5-coder-1.5b", 2), ("smollm2", 2), ("smollm2", 3))
+DEFAULT_STAGES = {"smollm2": (2, 3)}
+DEFAULT_LATENCIES = (0.0, 10.0, 50.0, 100.0)
+DRAFTER_KINDS = ("ngram", "draft")
+SELF_DRAFT_LAYERS = 8
+DEFAULT_WARMUP_TOKENS = 8
+WARMUP_PROMPT_TOKENS = 16
+"""A ring warm-up decodes from this many prompt tokens: it only has to wake both cores, not pay a prefill."""
+AGENT_READY_TIMEOUT = 900.0
+QUIET_BUSY = 0.15
+"""With ``--quiet-wait``, a round starts once other processes use at most this share of the machine."""
+QUIET_POLL_S = 5.0
+GOALS = {
+    "pp+sd+mb/mono": 2.0,
+    "pp+sd/pp": 1.4,
+    "pp+mb/pp": 1.85,
+    "pp+sd+mb/pp@100ms": 5.0,
+}
+PYTHON_SHARE_GOAL = 0.05
+DEFAULT_PROMPT = '''Add type hints to this Python function. Reply with the complete function.
+
+```python
+def summarize_orders(orders, currency="EUR", min_total=0):
+    totals = {}
+    counts = {}
+    for order in orders:
+        customer = order["customer"]
+        amount = order["amount"]
+        if order.get("currency", currency) != currency:
+            continue
+        totals[customer] = totals.get(customer, 0) + amount
+        counts[customer] = counts.get(customer, 0) + 1
+    report = []
+    for customer, total in sorted(totals.items()):
+        if total >= min_total:
+            report.append((customer, total, counts[customer]))
+    return report
+```'''
+MARKDOWN_TITLE = "# Benchmarks\n\n"
+
+
+def _progress(text: str) -> None:
+    print(f"bench ring: {text}", file=sys.stderr, flush=True)
+
+
+# -- settings --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setup:
+    model: str
+    stages: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.stages} stages"
+
+
+@dataclass(frozen=True)
+class RingSettings:
+    """What ``shoal bench ring`` was asked to measure, validated."""
+
+    setups: tuple[Setup, ...]
+    latencies: tuple[float, ...]
+    configs: tuple[str, ...]
+    runs: int
+    tokens: int
+    tokens_at: dict[float, int]
+    """Tokens per run at a given latency, where it differs from ``tokens``."""
+    latency_setups: frozenset[Setup] | None
+    """Setups measured at latencies after the first (None: all)."""
+    warmup_tokens: int
+    drafter: str
+    """``best`` (a pilot of both drafters decides), ``ngram`` or ``draft``."""
+    pilot_runs: int
+    self_draft: int
+    head_core: int
+    agent_core: int
+    prompt: str
+    quiet_wait: float = 0.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RingSettings:
+        if args.runs < 1 or args.tokens < 2:
+            raise BenchError("--runs must be at least 1 and --tokens at least 2")
+        if args.model:
+            stage_counts = args.stages or list(DEFAULT_STAGES.get(args.model, (2,)))
+            setups = tuple(Setup(args.model, s) for s in stage_counts)
+        else:
+            setups = tuple(Setup(m, s) for m, s in DEFAULT_SETUPS if not args.stages or s in args.stages)
+        if not setups or any(s.stages < 2 for s in setups):
+            raise BenchError("a ring needs at least 2 stages (the head holds stage 0)")
+        latencies = tuple(args.latency_ms) if args.latency_ms else DEFAULT_LATENCIES
+        if any(latency < 0 for latency in latencies):
+            raise BenchError("--latency-ms must not be negative")
+        tokens_at: dict[float, int] = {}
+        for item in args.tokens_at or []:
+            latency, _, count = item.partition("=")
+            try:
+                tokens_at[float(latency)] = int(count)
+            except ValueError as exc:
+                raise BenchError(f"--tokens-at takes MS=TOKENS, not {item!r}") from exc
+        latency_setups = None
+        if args.latency_setups:
+            latency_setups = frozenset(_setup(text) for text in args.latency_setups.split(",") if text.strip())
+        allowed = sorted(os.sched_getaffinity(0))
+        head_core = allowed[0] if args.head_core is None else args.head_core
+        agent_core = allowed[-1] if args.agent_core is None else args.agent_core
+        if head_core not in allowed or agent_core not in allowed:
+            raise BenchError(f"--head-core/--agent-core must be among the usable cores {allowed}")
+        if head_core == agent_core and len(allowed) > 1:
+            raise BenchError("the head and the agents need different cores")
+        return cls(
+            setups=setups,
+            latencies=latencies,
+            configs=_configs(args.configs),
+            runs=args.runs,
+            tokens=args.tokens,
+            tokens_at=tokens_at,
+            latency_setups=latency_setups,
+            warmup_tokens=max(1, args.warmup_tokens if args.warmup_tokens is not None else DEFAULT_WARMUP_TOKENS),
+            drafter=args.drafter,
+            pilot_runs=max(1, args.pilot_runs),
+            self_draft=args.self_draft,
+            head_core=head_core,
+            agent_core=agent_core,
+            prompt=args.prompt or DEFAULT_PROMPT,
+            quiet_wait=max(0.0, args.quiet_wait or 0.0),
+        )
+
+    def tokens_for(self, latency: float) -> int:
+        return self.tokens_at.get(latency, self.tokens)
+
+    def latencies_for(self, setup: Setup) -> tuple[float, ...]:
+        if self.latency_setups is None or setup in self.latency_setups:
+            return self.latencies
+        return self.latencies[:1]
+
+
+def _setup(text: str) -> Setup:
+    model, _, stages = text.strip().rpartition(":")
+    if not model or not stages.isdigit():
+        raise BenchError(f"--latency-setups takes MODEL:STAGES, not {text!r}")
+    return Setup(model, int(stages))
+
+
+def _configs(selected: str | None) -> tuple[str, ...]:
+    if not selected:
+        return CONFIGS
+    names = [n.strip() for n in selected.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or not names:
+        raise BenchError(f"unknown configuration(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CONFIGS)}")
+    return tuple(n for n in CONFIGS if n in names)
+
+
+def add_arguments(b: argparse.ArgumentParser) -> None:
+    """The options of ``shoal bench ring`` (kept here, next to what reads them)."""
+    b.add_argument("--model", default=None,
+                   help="SOURCE to benchmark (default: qwen2.5-coder-1.5b in 2 stages, smollm2 in 2 and 3)")
+    b.add_argument("--stages", type=int, action="append", default=None,
+                   help="ring stages, the head's included (repeatable; default: 2, and 3 for smollm2)")
+    b.add_argument("--latency-ms", type=float, nargs="+", default=None, metavar="L",
+                   help="added one-way latency per hop, one round set each (default: 0 10 50 100)")
+    b.add_argument("--runs", type=int, default=5, help="timed runs per configuration and latency")
+    b.add_argument("--tokens", type=int, default=128, help="greedy tokens per user and run")
+    b.add_argument("--tokens-at", action="append", default=None, metavar="MS=N",
+                   help="fewer (or more) tokens per run at one latency, e.g. 100=64 (repeatable)")
+    b.add_argument("--latency-setups", default=None, metavar="MODEL:STAGES[,...]",
+                   help="only these setups get the latencies after the first (default: all)")
+    b.add_argument("--configs", default=None, help="comma-separated subset of " + ",".join(CONFIGS))
+    b.add_argument("--drafter", choices=("best", *DRAFTER_KINDS), default="best",
+                   help="drafter for pp+sd: best = a pilot of both decides (default)")
+    b.add_argument("--pilot-runs", type=int, default=2, help="timed pilot runs per drafter")
+    b.add_argument("--self-draft", type=int, default=SELF_DRAFT_LAYERS, metavar="N",
+                   help=f"layers of the self-draft exported for the draft drafter (default {SELF_DRAFT_LAYERS})")
+    b.add_argument("--warmup-tokens", type=int, default=None,
+                   help=f"untimed tokens right before each run (default {DEFAULT_WARMUP_TOKENS})")
+    b.add_argument("--head-core", type=int, default=None, help="core of the head and of mono (default: the first)")
+    b.add_argument("--agent-core", type=int, default=None, help="core of the agents (default: the last)")
+    b.add_argument("--prompt", default=None, help="user message (default: add type hints to a 15-line function)")
+    b.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
+                   help="before each round, wait up to SECONDS for other processes to leave the machine (default 0)")
+    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
+
+
+# -- exports ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SetupExports:
+    ring: Path
+    """The N-stage export the ring serves (shared with ``shoal bench shards``)."""
+    draft: Path | None
+    """An export holding the self-draft graph (``--self-draft``)."""
+    mono: Path | None
+    """The optimum-intel whole-model export."""
+    prepared: dict[str, dict[str, Any]]
+
+
+def selfdraft_export(source: str, layers: int, out: Path, cache_dir: Path) -> PreparedExport:
+    """``shoal export SOURCE --stages 2 --self-draft N --out OUT`` in a child process (reused when up to date).
+
+    Only its draft graph is used (by every setup of the model): 2 stages keep the export's peak memory low."""
+    manifest = out / "manifest.json"
+    before = manifest.stat().st_mtime_ns if manifest.is_file() else None
+    measured = run_measured("agent.cli.main", ["--cache-dir", str(cache_dir), "export", source, "--stages", "2",
+                                               "--self-draft", str(layers), "--out", str(out)])
+    if measured.returncode:
+        raise BenchError(f"`shoal export {source} --self-draft {layers}` failed (exit {measured.returncode})")
+    reused = before is not None and manifest.stat().st_mtime_ns == before
+    return PreparedExport(path=out, reused=reused, steps={} if reused else {"shoal-export": measured})
+
+
+def prepare_exports(settings: RingSettings, cache_dir: Path) -> dict[Setup, SetupExports]:
+    out: dict[Setup, SetupExports] = {}
+    need_draft = any(c in SPECULATIVE for c in settings.configs) and settings.drafter != "ngram"
+    per_model: dict[str, tuple[Path | None, Path | None, dict[str, Any]]] = {}
+    for setup in settings.setups:
+        work = cache_dir / "bench" / _slug(setup.model)
+        work.mkdir(parents=True, exist_ok=True)
+        _progress(f"{setup.label}: shoal export (int4)")
+        ring = shoal_export(setup.model, setup.stages, work / f"shoal-{setup.stages}stage", cache_dir)
+        prepared = {"ring": ring.to_json()}
+        if setup.model in per_model:  # checked once per model
+            draft, mono, shared = per_model[setup.model]
+            out[setup] = SetupExports(ring=ring.path, draft=draft, mono=mono, prepared={**prepared, **shared})
+            continue
+        draft = None
+        if need_draft:
+            _progress(f"{setup.model}: self-draft export ({settings.self_draft} layers)")
+            made = selfdraft_export(setup.model, settings.self_draft,
+                                    work / f"shoal-2stage-selfdraft{settings.self_draft}", cache_dir)
+            draft, prepared["draft"] = made.path, made.to_json()
+        mono = None
+        if "mono" in settings.configs:
+            _progress(f"{setup.model}: optimum-intel export for mono")
+            made = optimum_export(setup.model, work / "optimum-int4", cache_dir)
+            mono, prepared["mono"] = made.path, made.to_json()
+        out[setup] = SetupExports(ring=ring.path, draft=draft, mono=mono, prepared=prepared)
+        per_model[setup.model] = (draft, mono, {k: v for k, v in prepared.items() if k != "ring"})
+    return out
+
+
+# -- processes: agents and the delay proxy ---------------------------------------------------------
+def _read_line(proc: subprocess.Popen[str], timeout: float, what: str, log: Path | None = None) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BenchError(f"{what} did not answer within {timeout:.0f} s" + _tail(log))
+        ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 1.0))
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                raise BenchError(f"{what} ended (exit {proc.wait()})" + _tail(log))
+            return line.strip()
+        if proc.poll() is not None:
+            raise BenchError(f"{what} ended (exit {proc.returncode})" + _tail(log))
+
+
+def _tail(log: Path | None) -> str:
+    if log is None or not log.is_file():
+        return ""
+    return ":\n" + "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
+
+
+class ProxyProcess:
+    """The delay proxies of one ring, in one process that may run on any core."""
+
+    def __init__(self) -> None:
+        cores = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+        self._proc = subprocess.Popen([sys.executable, "-m", "agent.bench.delay_proxy"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda: os.sched_setaffinity(0, cores))
+        line = _read_line(self._proc, 60, "the delay proxy")
+        if not line.startswith("ready"):
+            raise BenchError(f"the delay proxy said {line!r}")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _ask(self, command: str) -> str:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(command + "\n")
+        self._proc.stdin.flush()
+        answer = _read_line(self._proc, 30, "the delay proxy")
+        if answer.startswith("error"):
+            raise BenchError(f"delay proxy: {command}: {answer}")
+        return answer
+
+    def add(self, target: tuple[str, int]) -> tuple[str, int]:
+        host, _, port = self._ask(f"add {target[0]}:{target[1]}").split()[1].rpartition(":")
+        return host, int(port)
+
+    def set_delay(self, ms: float) -> None:
+        self._ask(f"delay {ms:g}")
+
+    def stats(self) -> list[dict[str, Any]]:
+        return list(json.loads(self._ask("stats").split(" ", 1)[1]))
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            with contextlib.suppress(OSError, BenchError):
+                assert self._proc.stdin is not None
+                self._proc.stdin.write("quit\n")
+                self._proc.stdin.flush()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+class AgentProcess:
+    """One ``shoal agent`` serving one stage, pinned to a core with taskset, one inference thread."""
+
+    def __init__(self, export: Path, stage: int, identity: Path, core: int, cache_dir: Path, log: Path,
+                 next_address: tuple[str, int] | None) -> None:
+        command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "agent", str(export),
+                   "--stage", str(stage), "--identity", str(identity), "--listen", "127.0.0.1:0", "--threads", "1",
+                   "--device", "CPU", "--no-verify"]
+        if next_address is not None:
+            command += ["--next", f"{next_address[0]}:{next_address[1]}"]
+        preexec = None
+        if shutil.which("taskset"):
+            command = ["taskset", "-c", str(core), *command]
+        else:
+            def preexec() -> None:
+                os.sched_setaffinity(0, {core})
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        self.stage = stage
+        self.log = log
+        self._log_file = log.open("w")
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env=env,
+                                     preexec_fn=preexec)
+        self.address: tuple[str, int] | None = None
+
+    def wait_ready(self) -> tuple[str, int]:
+        line = _read_line(self.proc, AGENT_READY_TIMEOUT, f"agent for stage {self.stage}", self.log)
+        while not line.startswith("shoal agent: ready"):
+            line = _read_line(self.proc, AGENT_READY_TIMEOUT, f"agent for stage {self.stage}", self.log)
+        listen = next(part for part in line.split() if part.startswith("listen="))
+        host, _, port = listen.split("=", 1)[1].rpartition(":")
+        self.address = (host, int(port))
+        return self.address
+
+    def cpu_seconds(self) -> float:
+        import psutil
+
+        try:
+            times = psutil.Process(self.proc.pid).cpu_times()
+        except psutil.Error:
+            return 0.0
+        return float(times.user + times.system)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+
+
+# -- the head --------------------------------------------------------------------------------------
+class TimingExecutor(ThreadPoolExecutor):
+    """The head's one worker thread, adding up the wall time of what runs on it, by function name."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="head")
+        self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(fn, "__name__", "other")
+
+        def timed() -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+
+        return super().submit(timed)
+
+
+class StatusProbe:
+    """A status connection held open to one agent (straight to its port, not through the proxy)."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    @classmethod
+    async def open(cls, address: tuple[str, int], identity: Any) -> StatusProbe:
+        from agent.transport.connection import dial, expect
+        from agent.transport.tls import client_context
+        from agent.wire import FrameType
+        from agent.wire.messages import Hello
+
+        connection = await dial(*address, client_context(identity), label=f"status {address[1]}")
+        await connection.send(Hello(node=identity.name, role="status").to_frame())
+        await expect(connection, FrameType.HELLO, 10.0)
+        return cls(connection)
+
+    async def get(self) -> dict[str, Any]:
+        from agent.transport.connection import expect
+        from agent.wire import Frame, FrameType
+
+        await self._connection.send(Frame(FrameType.STATUS_REQUEST))
+        frame = await expect(self._connection, FrameType.STATUS, 10.0)
+        data = json.loads(frame.body())
+        if not isinstance(data, dict):
+            raise BenchError("an agent's status is not a JSON object")
+        return data
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+
+@dataclass
+class _Snapshot:
+    """Cumulative counters at one instant (the head's synchronously, the agents' just after)."""
+
+    at: float
+    loop_cpu: float
+    executor: dict[str, float]
+    infer: float
+    ov_latency: float
+    agent_compute: list[float] = field(default_factory=list)
+    agent_steps: list[int] = field(default_factory=list)
+    agent_cpu: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RingRun:
+    """One timed run of one configuration."""
+
+    config: str
+    latency_ms: float
+    tokens: list[list[int]]
+    tok_s: float
+    per_user_tok_s: list[float]
+    ttft_s: list[float]
+    window_s: float
+    window_tokens: int
+    steps: int
+    drafted: int
+    accepted: int
+    k_chosen: list[int]
+    drafter: str | None
+    head_stage_s: float = 0.0
+    head_infer_s: float = 0.0
+    head_ov_latency_s: float = 0.0
+    draft_s: float = 0.0
+    loop_cpu_s: float = 0.0
+    agent_compute_s: list[float] = field(default_factory=list)
+    agent_steps: list[int] = field(default_factory=list)
+    agent_cpu_s: list[float] = field(default_factory=list)
+    cpu_share: float | None = None
+    others_busy: float | None = None
+    foreign_busy: float | None = None
+    """Share of the machine's CPU time (all cores) that processes other than this benchmark's used meanwhile."""
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def median_k(self) -> float | None:
+        return float(statistics.median(self.k_chosen)) if self.k_chosen else None
+
+
+class Ring:
+    """Agents, proxies and the head's side of one (model, stages) setup, up for all its measurements."""
+
+    def __init__(self, setup: Setup, exports: SetupExports, settings: RingSettings, cache_dir: Path,
+                 fleet_dir: Path, log_dir: Path) -> None:
+        self.setup = setup
+        self.exports = exports
+        self.settings = settings
+        self.cache_dir = cache_dir
+        self.fleet_dir = fleet_dir
+        self.log_dir = log_dir
+        self.agents: list[AgentProcess] = []
+        self.proxy: ProxyProcess | None = None
+        self.proxied: list[tuple[str, int]] = []
+        self.client: Any = None
+        self.probes: list[StatusProbe] = []
+        self.executor = TimingExecutor()
+        self.drafters: dict[str, list[Any]] = {}
+        self.timers: list[Any] = []
+
+    # bring-up ------------------------------------------------------------------------------------
+    def start_processes(self) -> None:
+        from agent.fleet import issue_node
+
+        self.proxy = ProxyProcess()
+        addresses: dict[int, tuple[str, int]] = {}
+        stages = self.setup.stages
+        # last stage first: each agent is told the proxied address of the next one
+        for index in range(stages - 1, 0, -1):
+            identity = issue_node(self.fleet_dir, f"stage-{index}")
+            agent = AgentProcess(self.exports.ring, index, identity.cert.parent, self.settings.agent_core, self.cache_dir,
+                                 self.log_dir / f"{_slug(self.setup.model)}-{stages}stage-agent{index}.log",
+                                 addresses.get(index + 1))
+            self.agents.insert(0, agent)
+            _progress(f"{self.setup.label}: starting the agent of stage {index} on core {self.settings.agent_core}")
+            direct = agent.wait_ready()
+            addresses[index] = self.proxy.add(direct)
+        self.proxied = [addresses[i] for i in range(1, stages)]
+
+    async def connect(self) -> None:
+        from agent.fleet import issue_node
+        from agent.head.drafting import make_drafter
+        from agent.head.ring_client import RingClient
+        from agent.head.sampling import SamplingParams
+        from agent.runtime.stage import CompiledStage, RuntimeConfig
+        from agent.transport.tls import client_context
+        from shards.manifest import Manifest
+
+        identity = issue_node(self.fleet_dir, "head")
+        self.identity = identity
+        export = self.exports.ring
+        self.manifest = Manifest.load(export)
+        config = RuntimeConfig(device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache")
+        _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
+        stage0 = CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)
+        self.client = RingClient(self.manifest, self.proxied[0], self.proxied[-1], client_context(identity),
+                                 identity.name, local_stages=[stage0], executor=self.executor)
+        await self.client.connect(timeout=120.0)
+        self.probes = [await StatusProbe.open(agent.address, identity) for agent in self.agents
+                       if agent.address is not None]
+        params = SamplingParams()
+        users = max(USERS[c] for c in self.settings.configs)
+        kinds = DRAFTER_KINDS if self.settings.drafter == "best" else (self.settings.drafter,)
+        if any(c in SPECULATIVE for c in self.settings.configs):
+            for kind in kinds:
+                draft_export = self.exports.draft if kind == "draft" else None
+                self.drafters[kind] = [make_drafter(kind, export, self.manifest, params, config, draft_export)
+                                       for _ in range(users)]
+
+    async def close(self) -> None:
+        for probe in self.probes:
+            with contextlib.suppress(Exception):
+                await probe.close()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+        self.executor.shutdown(wait=True)
+
+    def stop_processes(self) -> None:
+        for agent in self.agents:
+            agent.close()
+        if self.proxy is not None:
+            self.proxy.close()
+
+    # measuring -------------------------------------------------------------------------------------
+    def our_cpu_seconds(self) -> float:
+        """CPU time used so far by the head process, the agents and the proxy process."""
+        import psutil
+
+        total = sum(agent.cpu_seconds() for agent in self.agents)
+        pids = [os.getpid()] + ([self.proxy.pid] if self.proxy is not None else [])
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(pid).cpu_times()
+                total += times.user + times.system
+        return total
+
+    def load_mark(self) -> tuple[float, float, float]:
+        """(wall, machine busy CPU seconds, our CPU seconds) now; two marks give the foreign load between them."""
+        return time.perf_counter(), _machine_busy_seconds(), self.our_cpu_seconds()
+
+    @staticmethod
+    def foreign_between(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+        wall = b[0] - a[0]
+        cores = len(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
+        if wall <= 0:
+            return 0.0
+        return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / (wall * cores))
+
+    async def wait_quiet(self, patience: float, threshold: float = QUIET_BUSY) -> None:
+        """Wait (at most ``patience`` seconds) until other processes use at most ``threshold`` of the machine."""
+        if patience <= 0:
+            return
+        deadline = time.monotonic() + patience
+        announced = False
+        while True:
+            mark = self.load_mark()
+            await asyncio.sleep(1.0)
+            foreign = self.foreign_between(mark, self.load_mark())
+            if foreign <= threshold:
+                return
+            if time.monotonic() >= deadline:
+                _progress(f"other processes still use {100 * foreign:.0f} % of the machine after {patience:.0f} s, "
+                          "measuring anyway")
+                return
+            if not announced:
+                _progress(f"other processes use {100 * foreign:.0f} % of the machine, waiting for quiet")
+                announced = True
+            await asyncio.sleep(QUIET_POLL_S)
+
+    async def snapshot(self) -> _Snapshot:
+        """The head's counters now, then the agents' (their status arrives within a loopback round trip)."""
+        shot = self._head_snapshot()
+        statuses = await asyncio.gather(*(probe.get() for probe in self.probes))
+        shot.agent_compute = [float(s["compute_seconds"]) for s in statuses]
+        shot.agent_steps = [int(s["steps_served"]) for s in statuses]
+        shot.agent_cpu = [agent.cpu_seconds() for agent in self.agents]
+        return shot
+
+    def _head_snapshot(self) -> _Snapshot:
+        return _Snapshot(at=time.perf_counter(), loop_cpu=time.thread_time(), executor=dict(self.executor.seconds),
+                         infer=sum(t.infer_s for t in self.timers), ov_latency=sum(t.latency_s for t in self.timers))
+
+    async def generate(self, config: str, latency_ms: float, tokens: int, drafter_kind: str | None,
+                       prompt_ids: list[int]) -> RingRun:
+        """One run of ``config``: its users decode ``tokens`` tokens each, concurrently."""
+        from agent.bench.worker import TimedRequest
+        from agent.head.adaptive_k import AdaptiveK
+        from agent.head.decode import DecodeStats, decode
+        from agent.head.sampling import SamplingParams
+
+        users = USERS[config]
+        params = SamplingParams()
+        sessions = [self.client.session(params) for _ in range(users)]
+        for session in sessions:
+            # time the head's own stage-0 requests (the benchmark's only reach into a session's internals)
+            for stage_session in session._local:
+                timer = TimedRequest(stage_session._request)
+                stage_session._request = timer
+                self.timers.append(timer)
+        drafters = [None] * users
+        if drafter_kind is not None:
+            drafters = self.drafters[drafter_kind][:users]
+            for drafter in drafters:
+                drafter.reset()
+        stats = [DecodeStats() for _ in range(users)]
+        load_start = self.load_mark()
+        outputs: list[list[int]] = [[] for _ in range(users)]
+        stamps: list[list[float]] = [[] for _ in range(users)]
+        started = time.perf_counter()
+        first_shot: list[asyncio.Task[_Snapshot]] = []
+        last_shot: list[_Snapshot] = []
+
+        async def user(i: int) -> None:
+            async for token in decode(sessions[i], prompt_ids, max_tokens=tokens, stop_ids=frozenset(),
+                                      params=params, context_tokens=self.manifest.context_tokens,
+                                      drafter=drafters[i], k_policy=AdaptiveK(), executor=self.executor,
+                                      stats=stats[i]):
+                stamps[i].append(time.perf_counter())
+                outputs[i].append(token)
+                if len(outputs[i]) == 1 and all(stamps):
+                    # every user has its first token: the decode window starts
+                    first_shot.append(asyncio.get_running_loop().create_task(self.snapshot()))
+                if len(outputs[i]) == tokens:
+                    last_shot[:] = [self._head_snapshot()]
+
+        try:
+            await asyncio.gather(*(user(i) for i in range(users)))
+        finally:
+            for session in sessions:
+                with contextlib.suppress(Exception):
+                    await session.close()
+            for session in sessions:
+                for stage_session in session._local:
+                    self.timers = [t for t in self.timers if t is not stage_session._request]
+        foreign = self.foreign_between(load_start, self.load_mark())
+        if self.client.failure is not None:
+            raise BenchError(f"the ring failed: {self.client.failure}")
+        begin = await first_shot[0]
+        end = last_shot[0]
+        statuses = await asyncio.gather(*(probe.get() for probe in self.probes))
+        end.agent_compute = [float(s["compute_seconds"]) for s in statuses]
+        end.agent_steps = [int(s["steps_served"]) for s in statuses]
+        end.agent_cpu = [agent.cpu_seconds() for agent in self.agents]
+
+        t0 = max(s[0] for s in stamps)
+        t1 = max(s[-1] for s in stamps)
+        counted = sum(1 for user_stamps in stamps for t in user_stamps if t > t0)
+        window = t1 - t0
+        per_user = [(len(s) - 1) / (s[-1] - s[0]) if len(s) > 1 and s[-1] > s[0] else 0.0 for s in stamps]
+        executor = {name: end.executor.get(name, 0.0) - begin.executor.get(name, 0.0)
+                    for name in set(end.executor) | set(begin.executor)}
+        return RingRun(
+            config=config,
+            latency_ms=latency_ms,
+            tokens=outputs,
+            tok_s=counted / window if window > 0 else 0.0,
+            per_user_tok_s=per_user,
+            ttft_s=[s[0] - started for s in stamps],
+            window_s=window,
+            window_tokens=counted,
+            steps=sum(s.steps for s in stats),
+            drafted=sum(s.drafted for s in stats),
+            accepted=sum(s.accepted for s in stats),
+            k_chosen=[k for s in stats for k in s.k_chosen],
+            drafter=drafter_kind,
+            head_stage_s=executor.get("_run_local", 0.0),
+            head_infer_s=end.infer - begin.infer,
+            head_ov_latency_s=end.ov_latency - begin.ov_latency,
+            draft_s=executor.get("propose", 0.0),
+            loop_cpu_s=end.loop_cpu - begin.loop_cpu,
+            agent_compute_s=[b - a for a, b in zip(begin.agent_compute, end.agent_compute, strict=True)],
+            agent_steps=[b - a for a, b in zip(begin.agent_steps, end.agent_steps, strict=True)],
+            agent_cpu_s=[b - a for a, b in zip(begin.agent_cpu, end.agent_cpu, strict=True)],
+            foreign_busy=foreign,
+        )
+
+
+# -- the measurement -------------------------------------------------------------------------------
+def _machine_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far (all cores, from /proc/stat)."""
+    from agent.bench.worker import cpu_times
+
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return sum(busy for busy, _ in cpu_times().values()) / ticks
+
+
+def _prompt_ids(export: Path, prompt: str, tokens: int) -> list[int]:
+    from agent.head.chat import ChatTokenizer
+    from shards.manifest import Manifest
+
+    manifest = Manifest.load(export)
+    ids = ChatTokenizer(export / "tokenizer").encode_chat([{"role": "user", "content": prompt}])
+    if len(ids) + tokens + 32 > manifest.context_tokens:
+        raise BenchError(f"prompt ({len(ids)} tokens) + {tokens} tokens exceeds the {manifest.context_tokens}-token "
+                         "context")
+    return ids
+
+
+def _mono_run(export: Path, prompt_ids: list[int], tokens: int, settings: RingSettings, ov_cache: Path) -> RingRun:
+    from agent.bench.worker import RunSpec, WorkerProcess
+
+    spec = RunSpec(kind="mono", model_dir=str(export), prompt_ids=prompt_ids, tokens=tokens,
+                   warmup_tokens=settings.warmup_tokens, core=settings.head_core, ov_cache_dir=str(ov_cache))
+    with contextlib.closing(WorkerProcess("mono", spec)) as worker:
+        result = worker.run()
+    return RingRun(config="mono", latency_ms=0.0, tokens=[result.tokens], tok_s=result.tok_s,
+                   per_user_tok_s=[result.tok_s], ttft_s=[result.ttft_s], window_s=result.decode_s,
+                   window_tokens=len(result.tokens) - 1, steps=len(result.tokens), drafted=0, accepted=0,
+                   k_chosen=[], drafter=None, cpu_share=result.cpu_share, others_busy=result.others_busy)
+
+
+async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[int],
+                         on_latency_done: Any) -> dict[str, Any]:
+    """Pilot, then every latency's rounds; returns this setup's raw results."""
+    assert ring.proxy is not None
+    await ring.connect()
+    loop = asyncio.get_running_loop()
+    result: dict[str, Any] = {"model": ring.setup.model, "stages": ring.setup.stages, "latencies": {}}
+    try:
+        # pilot: which drafter is best for pp+sd (at the first latency)
+        drafter = None if settings.drafter == "best" else settings.drafter
+        pilot: dict[str, list[dict[str, Any]]] = {}
+        speculative = any(c in SPECULATIVE for c in settings.configs)
+        first_latency = settings.latencies[0]
+        ring.proxy.set_delay(first_latency)
+        if speculative:
+            kinds = DRAFTER_KINDS if drafter is None else (drafter,)
+            tokens = settings.tokens_for(first_latency)
+            for run in range(settings.pilot_runs if drafter is None else 0):
+                for kind in rotation(kinds, run):
+                    await ring.generate("pp+sd", first_latency, settings.warmup_tokens, kind,
+                                        prompt_ids[:WARMUP_PROMPT_TOKENS])
+                    done = await ring.generate("pp+sd", first_latency, tokens, kind, prompt_ids)
+                    pilot.setdefault(kind, []).append(
+                        {"tok_s": done.tok_s, "acceptance": done.acceptance, "k": done.median_k})
+                    _progress(f"{ring.setup.label}: pilot {kind:<5} {done.tok_s:7.2f} tok/s, acceptance "
+                              f"{_pct(done.acceptance)}, median K {done.median_k}")
+            if drafter is None:
+                drafter = max(pilot, key=lambda k: statistics.median(p["tok_s"] for p in pilot[k]))
+            _progress(f"{ring.setup.label}: best drafter: {drafter}")
+        result["pilot"] = pilot
+        result["drafter"] = drafter
+
+        mono_runs: list[RingRun] = []
+        for latency in settings.latencies_for(ring.setup):
+            ring.proxy.set_delay(latency)
+            tokens = settings.tokens_for(latency)
+            configs = tuple(c for c in settings.configs if c != "mono" or latency == first_latency)
+            runs: dict[str, list[RingRun]] = {c: [] for c in configs}
+            _progress(f"{ring.setup.label}: {latency:g} ms per hop, {tokens} tokens, {settings.runs} rounds of "
+                      f"{', '.join(configs)}")
+            for round_index in range(settings.runs):
+                await ring.wait_quiet(settings.quiet_wait)
+                for config in rotation(configs, round_index):
+                    if config == "mono":
+                        assert ring.exports.mono is not None
+                        done = await loop.run_in_executor(None, _mono_run, ring.exports.mono, prompt_ids, tokens,
+                                                          settings,
+                                                          ring.cache_dir / "bench" / _slug(ring.setup.model) / "ov-cache")
+                        mono_runs.append(done)
+                    else:
+                        kind = drafter if config in SPECULATIVE else None
+                        await ring.generate(config, latency, settings.warmup_tokens, kind, prompt_ids[:WARMUP_PROMPT_TOKENS])
+                        done = await ring.generate(config, latency, tokens, kind, prompt_ids)
+                    runs[config].append(done)
+                    extra = "" if done.acceptance is None else (
+                        f", acceptance {_pct(done.acceptance)}, median K {done.median_k:g}")
+                    users = "" if len(done.per_user_tok_s) < 2 else (
+                        " (per user " + ", ".join(f"{v:.2f}" for v in done.per_user_tok_s) + ")")
+                    load = "" if done.foreign_busy is None else f", others {100 * done.foreign_busy:.0f} % busy"
+                    if done.others_busy is not None:
+                        load = f", other core {100 * done.others_busy:.0f} % busy"
+                    _progress(f"{ring.setup.label} @{latency:g} ms round {round_index + 1}/{settings.runs} "
+                              f"{config:<9} {done.tok_s:7.2f} tok/s{users}{extra}{load}")
+            result["latencies"][latency] = {"tokens": tokens, "runs": {c: [dataclasses.asdict(r) for r in rs]
+                                                                       for c, rs in runs.items()}}
+            on_latency_done(result)
+        result["proxy_stats"] = ring.proxy.stats()
+    finally:
+        await ring.close()
+    return result
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
+def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
+    """Prepare (or reuse) the exports, bring each ring up, measure it, report."""
+    from agent.fleet import init_fleet
+
+    settings = RingSettings.from_args(args)
+    exports = prepare_exports(settings, cache_dir)
+    # pin before OpenVINO is loaded here, so that its thread pool sees one CPU
+    os.sched_setaffinity(0, {settings.head_core})
+    bench_dir = cache_dir / "bench"
+    fleet_dir = bench_dir / "ring-fleet"
+    if not (fleet_dir / "ca.pem").is_file():
+        init_fleet(fleet_dir, name="shoal-bench", force=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log_dir = bench_dir / "ring-logs" / stamp
+    log_dir.mkdir(parents=True, exist_ok=True)
+    partial = log_dir / "results.json"
+    machine = _machine(settings.head_core)
+    machine.update({"head_core": settings.head_core, "agent_core": settings.agent_core})
+    raw: dict[str, Any] = {"settings": _settings_json(settings), "machine": machine, "setups": []}
+    _progress(f"logs and partial results in {log_dir}")
+
+    for setup in settings.setups:
+        setup_exports = exports[setup]
+        prompt_ids = _prompt_ids(setup_exports.ring, settings.prompt, max(settings.tokens, *settings.tokens_at.values(),
+                                                                            settings.tokens))
+        ring = Ring(setup, setup_exports, settings, cache_dir, fleet_dir, log_dir)
+        current: dict[str, Any] = {}
+
+        def save(result: dict[str, Any], current: dict[str, Any] = current) -> None:
+            current.clear()
+            current.update(result)
+            partial.write_text(json.dumps({**raw, "setups": [*raw["setups"], current]}, default=str))
+
+        try:
+            ring.start_processes()
+            result = asyncio.run(_measure_setup(ring, settings, prompt_ids, save))
+        finally:
+            ring.stop_processes()
+        result["prompt_tokens"] = len(prompt_ids)
+        result["exports"] = setup_exports.prepared
+        raw["setups"].append(result)
+        partial.write_text(json.dumps(raw, default=str))
+
+    report = build_report(raw)
+    (log_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    if args.json:
+        sys.stdout.write(json.dumps(report, default=str) + "\n")
+    else:
+        print(render_table(report))
+    if args.markdown is not None:
+        _append_markdown(args.markdown, render_markdown(report, _command_line()))
+        _progress(f"results appended to {args.markdown}")
+    return 0
+
+
+def _settings_json(settings: RingSettings) -> dict[str, Any]:
+    data = dataclasses.asdict(settings)
+    data["setups"] = [dataclasses.asdict(s) for s in settings.setups]
+    data["latency_setups"] = None if settings.latency_setups is None else [
+        dataclasses.asdict(s) for s in settings.latency_setups]
+    data["tokens_at"] = {f"{k:g}": v for k, v in settings.tokens_at.items()}
+    return data
+
+
+# -- the report ------------------------------------------------------------------------------------
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def config_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median / min / max aggregate tok/s of one configuration at one latency, and its other figures."""
+    speed = Summary.of([r["tok_s"] for r in runs])
+    per_user = [statistics.fmean(r["per_user_tok_s"]) for r in runs]
+    figures: dict[str, Any] = {
+        "tok_s": speed.median,
+        "min": speed.min,
+        "max": speed.max,
+        "runs": speed.runs,
+        "tok_s_runs": [r["tok_s"] for r in runs],
+        "per_user_tok_s": statistics.median(per_user),
+        "per_user_min": min(per_user),
+        "per_user_max": max(per_user),
+        "acceptance": _median([r["accepted"] / r["drafted"] if r["drafted"] else None for r in runs]),
+        "k": _median([statistics.median(r["k_chosen"]) if r["k_chosen"] else None for r in runs]),
+        "drafter": runs[0]["drafter"],
+        "users": len(runs[0]["per_user_tok_s"]),
+        "ttft_s": statistics.median(statistics.fmean(r["ttft_s"]) for r in runs),
+        "tokens_per_step": _median([(len(r["tokens"][0]) - 1) * len(r["tokens"]) / r["steps"] if r["steps"] else None
+                                    for r in runs]) if runs[0]["config"] != "mono" else None,
+    }
+    if runs[0]["config"] == "mono":
+        figures["cpu_share_min"] = min(r["cpu_share"] for r in runs)
+        figures["other_core_busy_max"] = max(r["others_busy"] for r in runs)
+        return figures
+    figures["foreign_busy_median"] = statistics.median(r["foreign_busy"] or 0.0 for r in runs)
+    figures["foreign_busy_max"] = max(r["foreign_busy"] or 0.0 for r in runs)
+    # how busy each stage was during the decode window (pipelining fills the stages)
+    figures["stage_busy"] = [statistics.median([r["head_stage_s"] / r["window_s"] for r in runs])] + [
+        statistics.median([r["agent_compute_s"][i] / r["window_s"] for r in runs])
+        for i in range(len(runs[0]["agent_compute_s"]))]
+    if figures["users"] == 1:
+        figures["time_split"] = time_split(runs)
+    return figures
+
+
+def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Where one decoded token's wall time went (ms per token, medians over runs)."""
+
+    def per_token(fn: Any) -> float:
+        return 1e3 * statistics.median(fn(r) / r["window_tokens"] for r in runs)
+
+    def rest(r: dict[str, Any]) -> float:
+        return (r["window_s"] - r["head_stage_s"] - r["draft_s"] - sum(r["agent_compute_s"])
+                - r["loop_cpu_s"])
+
+    split = {
+        "wall_ms": per_token(lambda r: r["window_s"]),
+        "head_stage_ms": per_token(lambda r: r["head_stage_s"]),
+        "head_infer_ms": per_token(lambda r: r["head_infer_s"]),
+        "head_ov_latency_ms": per_token(lambda r: r["head_ov_latency_s"]),
+        "draft_ms": per_token(lambda r: r["draft_s"]),
+        "agents_compute_ms": [1e3 * statistics.median(r["agent_compute_s"][i] / r["window_tokens"] for r in runs)
+                              for i in range(len(runs[0]["agent_compute_s"]))],
+        "agents_other_cpu_ms": [
+            1e3 * statistics.median(max(0.0, r["agent_cpu_s"][i] - r["agent_compute_s"][i]) / r["window_tokens"]
+                                    for r in runs) for i in range(len(runs[0]["agent_compute_s"]))],
+        "head_loop_cpu_ms": per_token(lambda r: r["loop_cpu_s"]),
+        "head_executor_python_ms": per_token(lambda r: max(0.0, r["head_stage_s"] - r["head_infer_s"])),
+        "wire_and_rest_ms": per_token(rest),
+        "steps_per_token": statistics.median(r["steps"] / (len(r["tokens"][0])) for r in runs),
+    }
+    split["head_python_ms"] = split["head_loop_cpu_ms"] + split["head_executor_python_ms"]
+    split["python_share"] = statistics.median(
+        (r["loop_cpu_s"] + max(0.0, r["head_stage_s"] - r["head_infer_s"])) / r["window_s"] for r in runs)
+    return split
+
+
+def build_report(raw: dict[str, Any]) -> dict[str, Any]:
+    """The one JSON object ``--json`` prints: shaped like ``shoal bench shards --json`` for the first setup at
+    the first latency (``configs``), with every setup and latency under ``setups``."""
+    setups = []
+    for setup in raw["setups"]:
+        latencies = list(setup["latencies"])
+        first = latencies[0]
+        mono_runs = setup["latencies"][first]["runs"].get("mono")
+        mono = config_figures(mono_runs) if mono_runs else None
+        cells = []
+        for latency in latencies:
+            block = setup["latencies"][latency]
+            runs = block["runs"]
+            configs = {name: config_figures(rs) for name, rs in runs.items()}
+            if mono is not None:
+                configs.setdefault("mono", mono)
+            cell: dict[str, Any] = {"latency_ms": float(latency), "tokens": block["tokens"], "configs": configs}
+            ratios: dict[str, float] = {}
+            paired: dict[str, Any] = {}
+            for name, figures in configs.items():
+                if mono is not None and name != "mono":
+                    ratios[f"{name}/mono"] = figures["tok_s"] / mono["tok_s"]
+                if "pp" in configs and name not in ("pp", "mono"):
+                    ratios[f"{name}/pp"] = figures["tok_s"] / configs["pp"]["tok_s"]
+                    pair = Summary.of(paired_ratios([r["tok_s"] for r in runs[name]], [r["tok_s"] for r in runs["pp"]]))
+                    paired[f"{name}/pp"] = {"median": pair.median, "min": pair.min, "max": pair.max}
+            cell["ratios"] = ratios
+            cell["paired_ratios"] = paired
+            cell["agreement"] = _agreements(runs)
+            cells.append(cell)
+        entry = {"model": setup["model"], "stages": setup["stages"], "prompt_tokens": setup.get("prompt_tokens"),
+                 "drafter": setup.get("drafter"), "pilot": setup.get("pilot", {}), "cells": cells,
+                 "proxy_stats": setup.get("proxy_stats"), "exports": setup.get("exports")}
+        entry["goals"] = _goals(cells)
+        setups.append(entry)
+    report: dict[str, Any] = {"settings": raw["settings"], "machine": raw["machine"], "setups": setups}
+    if setups and setups[0]["cells"]:
+        first = setups[0]["cells"][0]
+        report.update({"model": setups[0]["model"], "stages": setups[0]["stages"], "latency_ms": first["latency_ms"],
+                       "tokens": first["tokens"], "runs": raw["settings"]["runs"], "configs": first["configs"],
+                       "ratios": first["ratios"], "goals": setups[0]["goals"]})
+    return report
+
+
+def _agreements(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Greedy tokens of every user of every configuration against pp's (speculation must not change them)."""
+    out: dict[str, Any] = {}
+    if "pp" not in runs:
+        return out
+    reference = runs["pp"][0]["tokens"][0]
+    for name, rs in runs.items():
+        if name in ("pp", "mono"):
+            continue
+        worst = None
+        for r in rs:
+            for user_tokens in r["tokens"]:
+                agreed = agreement(user_tokens, reference)
+                if worst is None or agreed.same < worst.same:
+                    worst = agreed
+        if worst is not None:
+            out[f"{name}/pp"] = dataclasses.asdict(worst)
+    return out
+
+
+def _goals(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    goals: dict[str, Any] = {}
+    if not cells:
+        return goals
+    base = cells[0]
+    for key in ("pp+sd+mb/mono", "pp+sd/pp", "pp+mb/pp"):
+        ratio = base["ratios"].get(key)
+        if ratio is not None:
+            goals[f"{key}@{base['latency_ms']:g}ms"] = {"target": GOALS[key], "ratio": ratio,
+                                                          "pass": ratio >= GOALS[key]}
+    at_100 = next((c for c in cells if c["latency_ms"] == 100.0), None)
+    if at_100 is not None and "pp+sd+mb/pp" in at_100["ratios"]:
+        ratio = at_100["ratios"]["pp+sd+mb/pp"]
+        goals["pp+sd+mb/pp@100ms"] = {"target": GOALS["pp+sd+mb/pp@100ms"], "ratio": ratio,
+                                      "pass": ratio >= GOALS["pp+sd+mb/pp@100ms"]}
+    shares = {name: f["time_split"]["python_share"] for name, f in base["configs"].items() if "time_split" in f}
+    if shares:
+        worst = max(shares.values())
+        goals[f"python_share@{base['latency_ms']:g}ms"] = {"target": PYTHON_SHARE_GOAL, "share": worst,
+                                                           "by_config": shares, "pass": worst < PYTHON_SHARE_GOAL}
+    return goals
+
+
+# -- rendering -------------------------------------------------------------------------------------
+def _speed(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _opt(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _goal_text(name: str, goal: dict[str, Any]) -> str:
+    if "share" in goal:
+        figure = f"{100 * goal['share']:.1f} % (< {100 * goal['target']:.0f} %)"
+    else:
+        figure = f"{goal['ratio']:.2f}× (≥ {goal['target']:.2f}×)"
+    return f"{name}: {figure} {'pass' if goal['pass'] else 'FAIL'}"
+
+
+def _rows(setup: dict[str, Any]) -> Iterator[list[str]]:
+    for cell in setup["cells"]:
+        latency = cell["latency_ms"]
+        for name, f in cell["configs"].items():
+            if name == "mono" and latency != setup["cells"][0]["latency_ms"]:
+                continue
+            paired = cell["paired_ratios"].get(f"{name}/pp")
+            yield [
+                f"{latency:g}", name, f"{_speed(f['tok_s'])} ({_speed(f['min'])}-{_speed(f['max'])})",
+                "-" if f["users"] < 2 else f"{_speed(f['per_user_tok_s'])}",
+                _opt(None if f["acceptance"] is None else 100 * f["acceptance"], ".0f") + (
+                    " %" if f["acceptance"] is not None else ""),
+                _opt(f["k"], "g"),
+                _opt(cell["ratios"].get(f"{name}/mono"), ".2f") if name != "mono" else "1.00",
+                ("1.00" if name == "pp" else _opt(cell["ratios"].get(f"{name}/pp"), ".2f")) if name != "mono" else "-",
+                "-" if paired is None else f"{paired['median']:.2f} ({paired['min']:.2f}-{paired['max']:.2f})",
+                "-" if "stage_busy" not in f else " / ".join(f"{100 * b:.0f}" for b in f["stage_busy"]),
+                (f"{100 * f['foreign_busy_median']:.0f} ({100 * f['foreign_busy_max']:.0f})"
+                 if "foreign_busy_median" in f else
+                 f"core {100 * f['other_core_busy_max']:.0f} max" if "other_core_busy_max" in f else "-"),
+            ]
+
+
+HEADER = ["ms/hop", "config", "tok/s median (min-max)", "per user", "acceptance", "K", "× mono", "× pp",
+          "paired × pp (min-max)", "stage busy % (head / agents)", "others busy % median (max)"]
+
+
+def render_table(report: dict[str, Any]) -> str:
+    lines = [f"shoal bench ring: {report['settings']['runs']} runs per configuration; "
+             f"{report['machine'].get('cpu', '?')}"]
+    for setup in report["setups"]:
+        lines += ["", f"{setup['model']}, {setup['stages']} stages (drafter for pp+sd: {setup['drafter']})",
+                  "  ".join(HEADER)]
+        lines += ["  ".join(row) for row in _rows(setup)]
+        lines += [_goal_text(name, goal) for name, goal in setup["goals"].items()]
+    return "\n".join(lines)
+
+
+def render_markdown(report: dict[str, Any], command: str) -> str:
+    settings = report["settings"]
+    machine = report["machine"]
+    lines = [
+        f"## shoal bench ring, {machine.get('date', '')}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores (`nproc`), "
+        f"{machine.get('memory_gb', 0):.0f} GB RAM; OpenVINO {machine.get('openvino', '?')}, openvino-genai "
+        f"{machine.get('openvino_genai', '?')}. The head (this process: stage 0, tokenizer, drafter, loop on one "
+        f"OpenVINO thread and one worker thread) and `mono` are pinned to core {settings['head_core']}; the agents "
+        f"(`shoal agent --threads 1`) to core {settings['agent_core']} with taskset"
+        + (" (with 3 stages, both agents share that core)" if any(s["stages"] > 2 for s in report["setups"]) else "")
+        + ". The delay proxies run in one process on either core.",
+        "",
+        f"Method: greedy decoding, stop tokens ignored, {settings['tokens']} tokens per user and run"
+        + ("".join(f", {v} at {k} ms" for k, v in settings["tokens_at"].items()))
+        + f"; {settings['runs']} rounds per latency, each running every configuration once in rotated order, each "
+        f"timed run right after an untimed warm-up of the same configuration ({settings['warmup_tokens']} tokens from the first "
+        f"{WARMUP_PROMPT_TOKENS} prompt tokens; `mono`: from the whole prompt); `mono` runs in the rounds "
+        "of the first latency only (a fresh `openvino_genai.LLMPipeline` process per run, one thread). Aggregate "
+        "tok/s excludes each user's first token; 2-user configurations are two concurrent sessions of the same "
+        "prompt from the one head. Latency = one-way delay per hop added by a userspace proxy in front of each "
+        "agent's port (in the path at 0 ms too); N stages = N hops per ring token.",
+        "",
+        "Prompt (user message, chat template applied): " + json.dumps(settings["prompt"]),
+        "",
+    ]
+    for setup in report["setups"]:
+        pilot = setup.get("pilot") or {}
+        pilot_text = "; ".join(
+            f"{kind}: {statistics.median(p['tok_s'] for p in runs):.2f} tok/s, acceptance "
+            f"{_pct(_median([p['acceptance'] for p in runs]))}, K {_opt(_median([p['k'] for p in runs]), 'g')}"
+            for kind, runs in pilot.items())
+        lines += [
+            f"### {setup['model']}, {setup['stages']} stages",
+            "",
+            f"Prompt {setup.get('prompt_tokens')} tokens. Drafter for pp+sd: **{setup['drafter']}**"
+            + (f" (pilot, pp+sd at {setup['cells'][0]['latency_ms']:g} ms: {pilot_text})" if pilot_text else "")
+            + ".",
+            "",
+            "| " + " | ".join(HEADER) + " |",
+            "|" + "---:|" * 2 + "---:|" * (len(HEADER) - 2),
+        ]
+        lines += ["| " + " | ".join(row) + " |" for row in _rows(setup)]
+        lines += ["", "× mono: ratio of medians against `mono` at the first latency; × pp: against pp at the same "
+                  "latency; paired: median of the per-round ratios. Stage busy: compute time / decode wall time of "
+                  "stage 0 on the head and of each agent. Others busy: share of the whole machine's CPU time (both "
+                  "cores) used by processes other than this benchmark's during the run (for mono: the busiest the "
+                  "other core was).", "", "Goals: " + "; ".join(_goal_text(n, g) for n, g in setup["goals"].items()) + ".", ""]
+        split_rows = []
+        for cell in setup["cells"]:
+            for name, f in cell["configs"].items():
+                s = f.get("time_split")
+                if s is None:
+                    continue
+                split_rows.append(
+                    f"| {cell['latency_ms']:g} | {name} | {s['wall_ms']:.2f} | {s['head_stage_ms']:.2f} "
+                    f"({s['head_infer_ms']:.2f}) | {s['draft_ms']:.2f} | "
+                    + " / ".join(f"{v:.2f}" for v in s["agents_compute_ms"])
+                    + f" | {s['head_loop_cpu_ms']:.2f} + {s['head_executor_python_ms']:.2f} = "
+                    f"{100 * s['python_share']:.1f} % | {s['wire_and_rest_ms']:.2f} | "
+                    + " / ".join(f"{v:.2f}" for v in s["agents_other_cpu_ms"])
+                    + f" | {s['steps_per_token']:.2f} |")
+        if split_rows:
+            lines += [
+                "Per decoded token (ms, medians; 1-user configurations): stage 0 on the head (of which in "
+                "`InferRequest.infer`), drafting, agents' compute, our own Python on the head (event-loop thread "
+                "CPU + worker-thread time outside `infer`; share of the token's wall time), the rest (wire, delays, "
+                "proxies, agents' event loops, scheduling), agents' CPU outside compute, ring steps per token.",
+                "",
+                "| ms/hop | config | wall | stage 0 (infer) | draft | agents' compute | head Python | wire + rest "
+                "| agents' other CPU | steps/token |",
+                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+                *split_rows,
+                "",
+            ]
+        disagreements = [f"{pair} at {cell['latency_ms']:g} ms: {a['same']}/{a['total']}"
+                         for cell in setup["cells"] for pair, a in cell["agreement"].items() if a["first_difference"]
+                         is not None]
+        lines.append("- Greedy tokens of every user of every configuration identical to pp's: "
+                     + ("yes." if not disagreements else "no: " + "; ".join(disagreements) + "."))
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main_json_to_markdown(argv: list[str]) -> int:
+    """``python -m agent.bench.ring_bench RESULTS.json COMMAND``: render saved (partial) results again."""
+    raw = json.loads(Path(argv[0]).read_text())
+    print(render_markdown(build_report(raw), argv[1] if len(argv) > 1 else "shoal bench ring"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_json_to_markdown(sys.argv[1:]))
