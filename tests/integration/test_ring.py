@@ -264,3 +264,28 @@ def test_in_process_target_and_ring_sample_identically(
             await client.close()
 
     assert asyncio.run(ring()) == asyncio.run(local())
+
+
+def test_head_holding_stage_zero_runs_it_in_process(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    chat_ids: list[list[int]], pipeline_tokens: list[list[int]],
+) -> None:
+    """The head computes stage 0 itself and sends hidden states to the agent of stage 1."""
+    from agent.runtime.stage import CompiledStage
+
+    folder = exported(3, "fp32")
+    manifest = Manifest.load(folder)
+    identity = fleet.identity("head")
+    stage0 = CompiledStage(folder, manifest.stages[0], manifest.weights, RuntimeConfig(device="CPU"))
+
+    async def run() -> list[int]:
+        client = RingClient(manifest, ring3[1].address, ring3[2].address, client_context(identity), identity.name,
+                            local_stages=[stage0], executor=ThreadPoolExecutor(1))
+        await client.connect()
+        try:
+            return await _generate(client, chat_ids[3], drafter=make_drafter("ngram", folder, manifest, GREEDY,
+                                                                             RuntimeConfig()))
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == pipeline_tokens[3]
