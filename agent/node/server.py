@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolError
-from agent.head.sampling import SamplingParams
 from agent.node.config import AgentConfig
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.successor import SuccessorLink
@@ -276,9 +275,7 @@ class StageServer:
         fields = {"session": frame.session, "step": frame.step, "position": frame.position, "count": frame.count,
                   "rewind": frame.rewind}
         if self.is_last:
-            request = state.open
-            params = SamplingParams(request.temperature, request.top_k, request.top_p)
-            return read_out(x, params, last_only=bool(frame.flags & StepFlags.LAST_ONLY)).to_frame(
+            return read_out(x, state.open.sampling, last_only=bool(frame.flags & StepFlags.LAST_ONLY)).to_frame(
                 frame.session, frame.step)
         wire = np.array(x, dtype=np.float16 if self.config.wire_dtype == "f16" else np.float32)  # a copy: x is reused
         return Frame.tensor(FrameType.STEP, wire, flags=frame.flags, **fields)

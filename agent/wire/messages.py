@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agent.errors import RemoteProtocolError
+from agent.head.sampling import SamplingParams
 from agent.wire.frames import Frame, FrameType
+from shards.errors import ShoalError
 
 M = TypeVar("M", bound="Message")
 
@@ -43,7 +45,7 @@ class Message:
             values[name] = _checked(cls.__name__, name, str(f.type), data[name])
         try:
             return cls(**values)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ShoalError) as exc:
             raise RemoteProtocolError(f"{cls.__name__}: {exc}") from exc
 
 
@@ -103,12 +105,12 @@ class SessionOpen(Message):
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError("temperature must be >= 0, top-p in (0, 1], top-k >= 0")
+        self.sampling  # noqa: B018 - validates the settings
 
     @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+    def sampling(self) -> SamplingParams:
+        """The settings the last stage's readout applies (seeds stay with the head)."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
 
     def to_frame(self, session: int) -> Frame:
         return Frame.message(FrameType.OPEN, self.to_json(), session=session)
