@@ -64,6 +64,7 @@ class StageServer:
                            layer_stop=graphs[-1].layer_stop, is_last=self.is_last)
         self.table = SessionTable(config.max_sessions)
         self.heads: dict[int, FrameConnection] = {}
+        self._connections: set[FrameConnection] = set()
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{node}")
         self._server: asyncio.Server | None = None
@@ -92,8 +93,11 @@ class StageServer:
         return address[0], address[1]
 
     async def stop(self) -> None:
+        """Leave the ring on purpose: GOODBYE to every peer, so that none mistakes it for a crash."""
         if self._server is not None:
             self._server.close()
+        for connection in list(self._connections):
+            await connection.close(goodbye=True)
         if self.successor is not None:
             await self.successor.close()
         for task in list(self._tasks):
@@ -127,6 +131,7 @@ class StageServer:
             writer.transport.abort()
             return
         connection = FrameConnection(reader, writer, max_payload=self.config.max_payload, label=f"peer {where}")
+        self._connections.add(connection)
         hello: Hello | None = None
         try:
             hello = parse(await expect(connection, FrameType.HELLO, HANDSHAKE_TIMEOUT), Hello)
@@ -144,6 +149,7 @@ class StageServer:
         except PeerUnavailableError as exc:
             log.warning("node=%s %s vanished: %s", self.node, where, exc)
         finally:
+            self._connections.discard(connection)
             if hello is not None and hello.role == "head" and self.heads.get(hello.head_id) is connection:
                 del self.heads[hello.head_id]
                 for session in self.table.of_head(hello.head_id):
