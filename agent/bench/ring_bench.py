@@ -563,7 +563,8 @@ class Ring:
         # last stage first: each agent is told the proxied address of the next one
         for index in range(stages - 1, 0, -1):
             identity = issue_node(self.fleet_dir, f"stage-{index}")
-            agent = AgentProcess(self.exports.ring, index, identity.cert.parent, self.settings.agent_core, self.cache_dir,
+            agent = AgentProcess(self.exports.ring, index, identity.cert.parent, self.settings.agent_core,
+                                 self.cache_dir,
                                  self.log_dir / f"{_slug(self.setup.model)}-{stages}stage-agent{index}.log",
                                  addresses.get(index + 1))
             self.agents.insert(0, agent)
@@ -850,13 +851,14 @@ async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[in
                 for config in rotation(configs, round_index):
                     if config == "mono":
                         assert ring.exports.mono is not None
+                        ov_cache = ring.cache_dir / "bench" / _slug(ring.setup.model) / "ov-cache"
                         done = await loop.run_in_executor(None, _mono_run, ring.exports.mono, prompt_ids, tokens,
-                                                          settings,
-                                                          ring.cache_dir / "bench" / _slug(ring.setup.model) / "ov-cache")
+                                                          settings, ov_cache)
                         mono_runs.append(done)
                     else:
                         kind = drafter if config in SPECULATIVE else None
-                        await ring.generate(config, latency, settings.warmup_tokens, kind, prompt_ids[:WARMUP_PROMPT_TOKENS])
+                        await ring.generate(config, latency, settings.warmup_tokens, kind,
+                                            prompt_ids[:WARMUP_PROMPT_TOKENS])
                         done = await ring.generate(config, latency, tokens, kind, prompt_ids)
                     runs[config].append(done)
                     extra = "" if done.acceptance is None else (
@@ -965,7 +967,8 @@ def config_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "per_user_min": min(per_user),
         "per_user_max": max(per_user),
         "acceptance": _median([r["accepted"] / r["drafted"] if r["drafted"] else None for r in runs]),
-        "k": _median([statistics.median(r["k_chosen"]) if r["k_chosen"] else None for r in runs]),
+        "k": _median([statistics.median(r["k_chosen"]) if r["k_chosen"] and r["drafter"] else None for r in runs]),
+        "k_max": _median([max(r["k_chosen"]) if r["k_chosen"] and r["drafter"] else None for r in runs]),
         "drafter": runs[0]["drafter"],
         "users": len(runs[0]["per_user_tok_s"]),
         "ttft_s": statistics.median(statistics.fmean(r["ttft_s"]) for r in runs),
@@ -1135,7 +1138,7 @@ def _rows(setup: dict[str, Any]) -> Iterator[list[str]]:
                 "-" if f["users"] < 2 else f"{_speed(f['per_user_tok_s'])}",
                 _opt(None if f["acceptance"] is None else 100 * f["acceptance"], ".0f") + (
                     " %" if f["acceptance"] is not None else ""),
-                _opt(f["k"], "g"),
+                "-" if f["k"] is None else f"{f['k']:g} ({f.get('k_max', 0):g})",
                 _opt(cell["ratios"].get(f"{name}/mono"), ".2f") if name != "mono" else "1.00",
                 ("1.00" if name == "pp" else _opt(cell["ratios"].get(f"{name}/pp"), ".2f")) if name != "mono" else "-",
                 "-" if paired is None else f"{paired['median']:.2f} ({paired['min']:.2f}-{paired['max']:.2f})",
@@ -1146,7 +1149,7 @@ def _rows(setup: dict[str, Any]) -> Iterator[list[str]]:
             ]
 
 
-HEADER = ["ms/hop", "config", "tok/s median (min-max)", "per user", "acceptance", "K", "× mono", "× pp",
+HEADER = ["ms/hop", "config", "tok/s median (min-max)", "per user", "acceptance", "K median (max)", "× mono", "× pp",
           "paired × pp (min-max)", "stage busy % (head / agents)", "others busy % median (max)"]
 
 
@@ -1180,8 +1183,9 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         f"Method: greedy decoding, stop tokens ignored, {settings['tokens']} tokens per user and run"
         + ("".join(f", {v} at {k} ms" for k, v in settings["tokens_at"].items()))
         + f"; {settings['runs']} rounds per latency, each running every configuration once in rotated order, each "
-        f"timed run right after an untimed warm-up of the same configuration ({settings['warmup_tokens']} tokens from the first "
-        f"{WARMUP_PROMPT_TOKENS} prompt tokens; `mono`: from the whole prompt); `mono` runs in the rounds "
+        "timed run right after an untimed warm-up of the same configuration "
+        f"({settings['warmup_tokens']} tokens from the first {WARMUP_PROMPT_TOKENS} prompt tokens; `mono`: from the "
+        "whole prompt); `mono` runs in the rounds "
         "of the first latency only (a fresh `openvino_genai.LLMPipeline` process per run, one thread). Aggregate "
         "tok/s excludes each user's first token; 2-user configurations are two concurrent sessions of the same "
         "prompt from the one head. Latency = one-way delay per hop added by a userspace proxy in front of each "
@@ -1208,10 +1212,13 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         ]
         lines += ["| " + " | ".join(row) + " |" for row in _rows(setup)]
         lines += ["", "× mono: ratio of medians against `mono` at the first latency; × pp: against pp at the same "
-                  "latency; paired: median of the per-round ratios. Stage busy: compute time / decode wall time of "
+                  "latency; paired: median of the per-round ratios. K: medians over runs of the median and the "
+                  "maximum K of a run (the last steps of a run draft at most the tokens still to go). Stage busy: "
+                  "compute time / decode wall time of "
                   "stage 0 on the head and of each agent. Others busy: share of the whole machine's CPU time (both "
                   "cores) used by processes other than this benchmark's during the run (for mono: the busiest the "
-                  "other core was).", "", "Goals: " + "; ".join(_goal_text(n, g) for n, g in setup["goals"].items()) + ".", ""]
+                  "other core was).", "",
+                  "Goals: " + "; ".join(_goal_text(n, g) for n, g in setup["goals"].items()) + ".", ""]
         split_rows = []
         for cell in setup["cells"]:
             for name, f in cell["configs"].items():
@@ -1229,7 +1236,9 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         if split_rows:
             lines += [
                 "Per decoded token (ms, medians; 1-user configurations): stage 0 on the head (of which in "
-                "`InferRequest.infer`), drafting, agents' compute, our own Python on the head (event-loop thread "
+                "`InferRequest.infer`), drafting on the head's worker thread (a draft model; the n-gram drafter runs "
+                "on the event loop and counts as Python), agents' compute (`compute_seconds` from their status), "
+                "our own Python on the head (event-loop thread "
                 "CPU + worker-thread time outside `infer`; share of the token's wall time), the rest (wire, delays, "
                 "proxies, agents' event loops, scheduling), agents' CPU outside compute, ring steps per token.",
                 "",

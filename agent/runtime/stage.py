@@ -80,6 +80,10 @@ def compile_properties(device: str, weights: str, config: RuntimeConfig) -> dict
         props["INFERENCE_PRECISION_HINT"] = precision
     if precision == "f32":
         props["KV_CACHE_PRECISION"] = "f32"
+        # The CPU plugin also quantizes activations of int4/int8 matmuls on the fly (groups of 32);
+        # that turns the tiny differences a mask-rewound cache leaves into logit changes of ~1, so
+        # speculative greedy decoding stopped matching plain decoding (measured by the ring bench).
+        props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
     return props
 
 
