@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchError
+from agent.bench import BenchError, select_configs
 from agent.bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
 from agent.bench.shards_bench import _append_markdown, _command_line, _machine, _slug, rotation
 from agent.bench.stats import Summary, agreement, paired_ratios
@@ -173,7 +173,7 @@ class RingSettings:
         return cls(
             setups=setups,
             latencies=latencies,
-            configs=_configs(args.configs),
+            configs=select_configs(args.configs, CONFIGS),
             runs=args.runs,
             tokens=args.tokens,
             tokens_at=tokens_at,
@@ -202,16 +202,6 @@ def _setup(text: str) -> Setup:
     if not model or not stages.isdigit():
         raise BenchError(f"--latency-setups takes MODEL:STAGES, not {text!r}")
     return Setup(model, int(stages))
-
-
-def _configs(selected: str | None) -> tuple[str, ...]:
-    if not selected:
-        return CONFIGS
-    names = [n.strip() for n in selected.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown or not names:
-        raise BenchError(f"unknown configuration(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CONFIGS)}")
-    return tuple(n for n in CONFIGS if n in names)
 
 
 def add_arguments(b: argparse.ArgumentParser) -> None:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchError
+from agent.bench import BenchError, select_configs
 from agent.bench.baseline import PreparedExport, optimum_export, recorded_steps, shoal_export
 from agent.bench.report import BASELINE, build_report, render_markdown, render_table
 from agent.bench.worker import RunResult, RunSpec, WorkerProcess
@@ -87,7 +87,7 @@ class BenchSettings:
         min_share = getattr(args, "min_cpu_share", None)
         return cls(
             model=args.model,
-            configs=_configs(getattr(args, "configs", None)),
+            configs=select_configs(getattr(args, "configs", None), CONFIGS),
             runs=args.runs,
             tokens=args.tokens,
             warmup_tokens=args.tokens if warmup is None else max(1, warmup),
@@ -183,16 +183,6 @@ def _one_run(name: str, spec: RunSpec, worker: WorkerProcess | None, settings: B
             return fresh.run()
     time.sleep(SETTLE_S)
     return worker.run()
-
-
-def _configs(selected: str | None) -> tuple[str, ...]:
-    if not selected:
-        return CONFIGS
-    names = [n.strip() for n in selected.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown or not names:
-        raise BenchError(f"unknown configuration(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CONFIGS)}")
-    return tuple(n for n in CONFIGS if n in names)
 
 
 def _core(requested: int | None) -> int:
