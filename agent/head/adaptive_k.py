@@ -11,6 +11,9 @@ Estimates. ``alpha`` is the mean of a Beta posterior (Jeffreys prior) over per-t
 step that kept m of k drafts contributes m successes and, if m < k, one failure (the sufficient counts
 of a truncated geometric). Counts decay geometrically so the estimate follows changes in the text; the
 prior is weak so that the estimate can fall below the cost floor and K reach 0 when nothing is accepted.
+Drafts may carry an ``evidence`` class (the n-gram drafter's match length): each class keeps its own
+counts, shrunk towards the pooled estimate by ``evidence_weight`` pseudo-trials, so a long verbatim copy
+is drafted far ahead while a one-token coincidence in the same answer is drafted short or not at all.
 ``a`` and ``b`` are a least-squares line through a window of recent (k, seconds) observations; until
 the window holds two distinct k, ``b`` is assumed to be a fixed fraction of ``a``. ``b`` is floored at
 ``min_cost_ratio * a``: a drafted position is never free, and jitter in the fit must not send K to
@@ -45,6 +48,7 @@ class AdaptiveK:
         prior_rejects: float = 0.5,
         prior_cost_ratio: float = 0.05,
         min_cost_ratio: float = 0.02,
+        evidence_weight: float = 2.0,
     ) -> None:
         """``prior_cost_ratio``: b/a assumed before two distinct k were seen; ``min_cost_ratio``: floor on b/a."""
         if k_max < 0:
@@ -55,22 +59,33 @@ class AdaptiveK:
             raise ValueError("window must be >= 2, explore_every >= 0 and memory in (0, 1]")
         if prior_accepts <= 0 or prior_rejects <= 0 or prior_cost_ratio < 0 or min_cost_ratio < 0:
             raise ValueError("priors must be positive and cost ratios non-negative")
+        if evidence_weight <= 0:
+            raise ValueError(f"evidence_weight must be positive, got {evidence_weight}")
         self.k_max, self.fixed = k_max, fixed
         self.k_initial = min(max(k_initial, 0), k_max)
         self.explore_every, self.memory = explore_every, memory
         self.prior_accepts, self.prior_rejects = prior_accepts, prior_rejects
         self.prior_cost_ratio, self.min_cost_ratio = prior_cost_ratio, min_cost_ratio
+        self.evidence_weight = evidence_weight
         self._accepts = 0.0
         self._rejects = 0.0
+        self._by_evidence: dict[int, tuple[float, float]] = {}
         self._times: deque[tuple[int, float]] = deque(maxlen=window)
         self._steps = 0
         self.draft_seconds_total = 0.0
 
     @property
     def alpha(self) -> float:
-        """Estimated probability that a drafted token is accepted, given the ones before it were."""
+        """Estimated probability that a drafted token is accepted, given the ones before it were (all drafts)."""
         a, r = self.prior_accepts + self._accepts, self.prior_rejects + self._rejects
         return a / (a + r)
+
+    def alpha_for(self, evidence: int | None) -> float:
+        """The acceptance estimate for drafts of one evidence class (the pooled one for None)."""
+        if evidence is None:
+            return self.alpha
+        accepts, rejects = self._by_evidence.get(evidence, (0.0, 0.0))
+        return (accepts + self.evidence_weight * self.alpha) / (accepts + rejects + self.evidence_weight)
 
     def cost_model(self) -> tuple[float, float] | None:
         """``(a, b)`` in seconds for ``t(k) = a + b k``, or None before any step was recorded."""
@@ -87,7 +102,7 @@ class AdaptiveK:
         a = max(float(ts.mean()) - b * float(ks.mean()), _MIN_FIXED_COST)
         return a, max(b, self.min_cost_ratio * a)
 
-    def best_k(self) -> int:
+    def best_k(self, evidence: int | None = None) -> int:
         """The K with the most expected tokens per second under the current estimates (no exploration)."""
         if self.fixed is not None:
             return self.fixed
@@ -95,15 +110,15 @@ class AdaptiveK:
         if cost is None:
             return self.k_initial
         a, b = cost
-        alpha = self.alpha
+        alpha = self.alpha_for(evidence)
         ks = np.arange(self.k_max + 1, dtype=np.float64)
         tokens = (1.0 - alpha ** (ks + 1)) / (1.0 - alpha) if alpha < 1.0 else ks + 1
         # argmax takes the first maximum, so ties go to the smaller (cheaper, less risky) K.
         return int(np.argmax(tokens / (a + b * ks)))
 
-    def choose(self) -> int:
-        """The K to draft next: ``best_k()``, or a neighbour of it on exploration steps."""
-        best = self.best_k()
+    def choose(self, evidence: int | None = None) -> int:
+        """The K to draft next: ``best_k(evidence)``, or a neighbour of it on exploration steps."""
+        best = self.best_k(evidence)
         if self.fixed is not None or self.k_max == 0 or not self.explore_every:
             return best
         if self._steps % self.explore_every != self.explore_every - 1:
@@ -114,7 +129,8 @@ class AdaptiveK:
             k = best - step
         return k
 
-    def record(self, k: int, accepted: int, step_seconds: float, draft_seconds: float) -> None:
+    def record(self, k: int, accepted: int, step_seconds: float, draft_seconds: float,
+               evidence: int | None = None) -> None:
         """One finished step: ``k`` drafted, ``accepted`` kept, in ``step_seconds`` of wall time.
 
         ``step_seconds`` is the whole step, drafting included (it is what K trades against);
@@ -129,5 +145,9 @@ class AdaptiveK:
         self.draft_seconds_total += draft_seconds
         self._times.append((k, step_seconds))
         if k > 0:  # a step with nothing drafted says nothing about acceptance
+            rejected = 1.0 if accepted < k else 0.0
             self._accepts = self.memory * self._accepts + accepted
-            self._rejects = self.memory * self._rejects + (1.0 if accepted < k else 0.0)
+            self._rejects = self.memory * self._rejects + rejected
+            if evidence is not None:
+                accepts, rejects = self._by_evidence.get(evidence, (0.0, 0.0))
+                self._by_evidence[evidence] = (self.memory * accepts + accepted, self.memory * rejects + rejected)

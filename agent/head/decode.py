@@ -69,7 +69,6 @@ async def decode(
     policy = k_policy or AdaptiveK()
     rng = np.random.default_rng(params.seed)
     loop = asyncio.get_running_loop()
-    blocking_drafter = bool(getattr(drafter, "blocking", False))
     context = list(prompt_ids)
 
     started = clock()
@@ -89,12 +88,17 @@ async def decode(
             yield token
             if produced >= max_tokens:
                 return
-        room = min(max_tokens - produced - 1, context_tokens - len(context) - 1)
-        k = min(policy.choose(), max(room, 0)) if drafter is not None else 0
+        room = max(min(max_tokens - produced - 1, context_tokens - len(context) - 1), 0)
         started = clock()
-        draft = Draft([])
-        if k > 0 and drafter is not None:
-            if blocking_drafter:
+        draft, k = Draft([]), None
+        if drafter is not None and drafter.drafts_cheaply:
+            # Look up the longest usable draft, then let its evidence decide how much of it to send.
+            draft = drafter.propose(context, min(policy.k_max, room))
+            if draft.tokens:
+                k = policy.choose(draft.evidence)
+                draft = draft.truncated(k)
+        elif drafter is not None and (k := min(policy.choose(), room)) > 0:
+            if drafter.blocking:
                 draft = await loop.run_in_executor(executor, drafter.propose, list(context), k)
             else:
                 draft = drafter.propose(context, k)
@@ -105,11 +109,12 @@ async def decode(
         rewind = len(draft.tokens) - verdict.accepted
         if drafter is not None:
             drafter.commit(len(context) + verdict.accepted)
-            policy.record(len(draft.tokens), verdict.accepted, done - started, drafted_at - started)
+            policy.record(len(draft.tokens), verdict.accepted, done - started, drafted_at - started, draft.evidence)
         stats.steps += 1
         stats.drafted += len(draft.tokens)
         stats.accepted += verdict.accepted
-        stats.k_chosen.append(k)
+        if k is not None:
+            stats.k_chosen.append(k)
         stats.draft_seconds += drafted_at - started
         stats.target_seconds += done - drafted_at
         new_tokens = verdict.tokens

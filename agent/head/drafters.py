@@ -20,9 +20,22 @@ class Draft:
     # The distribution each token was sampled from (same length as tokens), or None when the drafter is
     # deterministic (speculative sampling then treats q as one-hot on the drafted token).
     dists: list[SparseDistribution] | None = None
+    # How strongly the drafter believes this draft, as a small class (None: no such signal). Drafts of
+    # one class are accepted at similar rates, so the K controller keeps one acceptance estimate per class.
+    evidence: int | None = None
+
+    def truncated(self, k: int) -> Draft:
+        """The first ``k`` tokens of this draft (and their distributions)."""
+        return Draft(self.tokens[:k], None if self.dists is None else self.dists[:k], self.evidence)
 
 
 class Drafter(Protocol):
+    # True when proposing runs inference: the loop then calls propose() off the event loop.
+    blocking: bool
+    # True when proposing k tokens costs about the same as proposing one (a lookup, not a model): the loop
+    # then asks for the longest draft it could use and cuts it to the K chosen for the draft's evidence.
+    drafts_cheaply: bool
+
     def propose(self, context: Sequence[int], k: int) -> Draft:
         """Up to ``k`` tokens likely to follow ``context`` (all final tokens: prompt and emitted so far)."""
         ...
@@ -43,9 +56,18 @@ class NGramDrafter:
     n tokens and propose what followed it. The index maps each n-gram to the position right after its
     latest occurrence that has a follower, so a lookup is one dict access per n and growing the
     context by one token costs one insert per n.
+
+    Each draft's ``evidence`` is the bit length of the match length: how many tokens before the context's
+    end agree with the tokens before the copied occurrence (counted up to ``MATCH_CAP``). A copy that has
+    held for 20 tokens is far likelier to continue than a one-token coincidence, and measured on a
+    code-editing answer the per-class acceptance separates well (see docs/benchmarks.md).
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    blocking = False
+    drafts_cheaply = True
+    MATCH_CAP = 32
+
+    def __init__(self, max_ngram: int = 8, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -66,7 +88,7 @@ class NGramDrafter:
                 continue
             follow = self._index[n].get(tuple(tokens[length - n :]))
             if follow is not None:
-                return Draft(self._continue_from(follow, k))
+                return Draft(self._continue_from(follow, k), evidence=self._match_length(follow, n).bit_length())
         return Draft([])
 
     def commit(self, context_len_kept: int) -> None:
@@ -78,6 +100,14 @@ class NGramDrafter:
     def reset(self) -> None:
         self._tokens = []
         self._index = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+
+    def _match_length(self, follow: int, n: int) -> int:
+        """How many tokens before the end equal those before ``follow`` (at least the matched ``n``)."""
+        tokens, length = self._tokens, len(self._tokens)
+        m = n
+        while m < self.MATCH_CAP and follow - 1 - m >= 0 and tokens[follow - 1 - m] == tokens[length - 1 - m]:
+            m += 1
+        return m
 
     def _continue_from(self, follow: int, k: int) -> list[int]:
         """The k tokens after position ``follow``, continued as an overlapping copy past the context's end.

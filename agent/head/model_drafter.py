@@ -23,6 +23,7 @@ class ModelDrafter:
 
     blocking = True
     """Proposing runs inference: call it off the event loop."""
+    drafts_cheaply = False
 
     def __init__(self, draft: CompiledStage, params: SamplingParams) -> None:
         self._session = draft.new_session()

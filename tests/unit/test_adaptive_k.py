@@ -119,3 +119,21 @@ def test_rejects_bad_arguments() -> None:
         AdaptiveK().record(2, 1, float("nan"), 0.0)
     with pytest.raises(ValueError):
         AdaptiveK().record(2, 1, -0.1, 0.0)
+
+
+def test_each_evidence_class_keeps_its_own_acceptance() -> None:
+    """Long verbatim copies (class 5) always survive, one-token coincidences (class 1) never do:
+    the controller drafts far ahead for the first and not at all for the second."""
+    controller = AdaptiveK(explore_every=0)
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        evidence = 5 if rng.random() < 0.5 else 1
+        k = max(controller.choose(evidence), 1)
+        accepted = k if evidence == 5 else 0
+        controller.record(k, accepted, 0.200 + 0.0003 * k, 0.0, evidence=evidence)
+    assert controller.alpha_for(5) > 0.9
+    assert controller.alpha_for(1) < 0.1
+    assert controller.best_k(5) >= 8
+    assert controller.best_k(1) <= 1  # one draft is nearly free next to a 200 ms round trip
+    # an unseen class starts from the pooled estimate
+    assert controller.alpha_for(3) == pytest.approx(controller.alpha)

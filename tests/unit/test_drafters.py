@@ -122,3 +122,21 @@ def test_rejects_bad_arguments() -> None:
         NGramDrafter().propose([1], -1)
     with pytest.raises(ValueError):
         NGramDrafter().commit(-1)
+
+
+def test_evidence_grows_with_the_length_of_the_copied_match() -> None:
+    # (1, 2) matched, and the tokens before the two occurrences differ (5 vs 9): a 2-token match.
+    assert NGramDrafter().propose([5, 1, 2, 3, 4, 9, 9, 1, 2], 2).evidence == (2).bit_length()
+    # the last 10 tokens repeat tokens 0..9 verbatim: a 10-token match, whatever max_ngram is
+    copy = [*range(20), 99, *range(10)]
+    assert NGramDrafter(max_ngram=3).propose(copy, 2).evidence == (10).bit_length()
+    # capped: a very long repetition counts as MATCH_CAP tokens
+    long_copy = [*range(100), *range(60)]
+    assert NGramDrafter().propose(long_copy, 1).evidence == NGramDrafter.MATCH_CAP.bit_length()
+    assert NGramDrafter().propose([1, 2, 3], 2).evidence is None
+
+
+def test_truncated_keeps_evidence_and_distributions() -> None:
+    draft = Draft([1, 2, 3], None, evidence=3)
+    assert draft.truncated(2) == Draft([1, 2], None, evidence=3)
+    assert draft.truncated(0).tokens == []
