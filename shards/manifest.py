@@ -19,8 +19,13 @@ from tqdm.auto import tqdm
 from shards.architecture import ArchSpec
 from shards.errors import IntegrityError, ManifestError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# 2: graphs holding the LM head take ``logits_index`` (the positions that get logits). Format 1 exports
+# (logits at every position) still run.
+READABLE_FORMATS = (1, 2)
 MANIFEST_NAME = "manifest.json"
+LOGITS_INDEX = "logits_index"
+"""Input of a format-2 graph holding the LM head: which positions of the step get logits (i64 ``[m]``)."""
 
 
 @dataclass(frozen=True)
@@ -107,10 +112,8 @@ class Manifest:
     producer: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.format_version != FORMAT_VERSION:
-            raise ManifestError(
-                f"manifest format {self.format_version} is not supported (this shoal reads {FORMAT_VERSION})"
-            )
+        if self.format_version not in READABLE_FORMATS:
+            raise ManifestError(_unsupported(self.format_version))
         if not self.stages:
             raise ManifestError("manifest lists no stages")
         expected = 0
@@ -170,8 +173,8 @@ class Manifest:
     def from_json(cls, data: Any) -> Manifest:
         try:
             version = data["format_version"]
-            if version != FORMAT_VERSION:
-                raise ManifestError(f"manifest format {version} is not supported (this shoal reads {FORMAT_VERSION})")
+            if version not in READABLE_FORMATS:
+                raise ManifestError(_unsupported(version))
             draft = data.get("draft")
             return cls(
                 source=SourceInfo(**data["source"]),
@@ -225,3 +228,8 @@ def hash_file_into(digest: Any, path: Path, progress: Callable[[int], object] | 
             digest.update(chunk)
             if progress is not None:
                 progress(len(chunk))
+
+
+def _unsupported(version: object) -> str:
+    readable = ", ".join(str(v) for v in READABLE_FORMATS)
+    return f"manifest format {version} is not supported (this shoal reads formats {readable})"

@@ -26,7 +26,7 @@ def generate(
     """Yield completion token ids one by one; stops at a stop token (not yielded) or ``max_tokens``."""
     check_prompt(prompt_ids, max_tokens, context_tokens)
     sampler = Sampler(params)
-    logits = session.step(np.asarray([prompt_ids], dtype=np.int64))
+    logits = session.step(np.asarray([prompt_ids], dtype=np.int64), last_only=True)
     for produced in range(1, max_tokens + 1):
         token = sampler.pick(logits[0, -1])
         if token in stop_ids:

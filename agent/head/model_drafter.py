@@ -39,7 +39,7 @@ class ModelDrafter:
             common -= 1
         self._rewind_to(common)
         fresh = list(context[common:])
-        logits = self._session.step(np.asarray([fresh], dtype=np.int64))
+        logits = self._session.step(np.asarray([fresh], dtype=np.int64), last_only=True)
         self._fed = list(context)
         tokens: list[int] = []
         dists: list[SparseDistribution] = []
@@ -53,7 +53,7 @@ class ModelDrafter:
                 dists.append(dist)
             tokens.append(token)
             if i < k - 1:
-                logits = self._session.step(np.asarray([[token]], dtype=np.int64))
+                logits = self._session.step(np.asarray([[token]], dtype=np.int64), last_only=True)
                 self._fed.append(token)
         return Draft(tokens, None if self._params.greedy else dists)
 

@@ -37,7 +37,7 @@ class LocalTarget:
 
     def _run(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
         self._session.rewind(rewind)
-        logits = self._session.step(np.asarray([ids], dtype=np.int64))
+        logits = self._session.step(np.asarray([ids], dtype=np.int64), last_only=last_only)
         return read_out(logits, self._params, last_only)
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:

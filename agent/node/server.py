@@ -276,12 +276,14 @@ class StageServer:
             session.rewind(frame.rewind)
         positions = np.arange(frame.position, frame.position + frame.count, dtype=np.int64)[None]
         x = inputs
-        for session in state.stages:
-            x = session.step(x, positions)
+        last_only = bool(frame.flags & StepFlags.LAST_ONLY)
+        for i, session in enumerate(state.stages):
+            # only a graph holding the LM head may drop positions: the next stage needs them all
+            x = session.step(x, positions, last_only=last_only and self.is_last and i == len(state.stages) - 1)
         fields = {"session": frame.session, "step": frame.step, "position": frame.position, "count": frame.count,
                   "rewind": frame.rewind}
         if self.is_last:
-            return read_out(x, state.open.sampling, last_only=bool(frame.flags & StepFlags.LAST_ONLY)).to_frame(
+            return read_out(x, state.open.sampling, last_only=last_only).to_frame(
                 frame.session, frame.step)
         wire = np.array(x, dtype=np.float16 if self.config.wire_dtype == "f16" else np.float32)  # a copy: x is reused
         return Frame.tensor(FrameType.STEP, wire, flags=frame.flags, **fields)

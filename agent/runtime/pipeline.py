@@ -21,12 +21,14 @@ class PipelineSession:
     def logical_length(self) -> int:
         return self.stages[0].logical_length
 
-    def step(self, token_ids: np.ndarray) -> np.ndarray:
-        """Feed ``[1, n]`` token ids; returns ``[1, n, vocab]`` logits (valid until the next step)."""
+    def step(self, token_ids: np.ndarray, last_only: bool = False) -> np.ndarray:
+        """Feed ``[1, n]`` token ids; returns ``[1, n, vocab]`` logits, or ``[1, 1, vocab]`` for the last
+        position only (valid until the next step)."""
         positions = np.arange(self.logical_length, self.logical_length + token_ids.shape[1], dtype=np.int64)[None]
         x = token_ids
-        for stage in self.stages:
-            x = stage.step(x, positions)
+        last = len(self.stages) - 1
+        for i, stage in enumerate(self.stages):
+            x = stage.step(x, positions, last_only=last_only and i == last)
         return x
 
     def rewind(self, n: int) -> None:

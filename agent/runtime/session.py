@@ -12,15 +12,19 @@ import numpy as np
 import openvino as ov
 
 from shards.errors import RuntimeStageError
+from shards.manifest import LOGITS_INDEX
 
 
 class StageSession:
     """A per-session InferRequest plus the physical mask of its cache."""
 
-    def __init__(self, request: ov.InferRequest, input_name: str, output: ov.Output) -> None:
+    def __init__(self, request: ov.InferRequest, input_name: str, output: ov.Output, *,
+                 selects_positions: bool = False) -> None:
+        """``selects_positions``: the graph takes ``logits_index`` (a head graph of format 2 on)."""
         self._request = request
         self._input_name = input_name
         self._output = output
+        self._selects_positions = selects_positions
         self._mask = np.zeros((1, 256), dtype=np.int64)
         self._physical = 0
         self._logical = 0
@@ -36,12 +40,14 @@ class StageSession:
         """Positions held in the cache, masked or not."""
         return self._physical
 
-    def step(self, inputs: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
+    def step(self, inputs: np.ndarray, positions: np.ndarray | None = None, last_only: bool = False) -> np.ndarray:
         """Run new positions through the stage and return its output (hidden states or logits).
 
         ``inputs`` is ``[1, n]`` token ids or ``[1, n, hidden]`` hidden states; ``positions`` the
-        logical positions ``[1, n]`` (default: continuing the logical length). The returned array
-        is a view of the request's output buffer, valid until the next call.
+        logical positions ``[1, n]`` (default: continuing the logical length). With ``last_only``
+        the output covers the last position only (``[1, 1, ...]``); a head graph then computes
+        logits for that position alone. The returned array is a view of the request's output
+        buffer, valid until the next call.
         """
         n = inputs.shape[1]
         if n < 1:
@@ -54,19 +60,20 @@ class StageSession:
             grown[:, : self._physical] = self._mask[:, : self._physical]
             self._mask = grown
         self._mask[0, self._physical : end] = 1
-        self._request.infer(
-            {
-                self._input_name: inputs,
-                "attention_mask": self._mask[:, :end],
-                "position_ids": positions,
-                "beam_idx": self._beam_idx,
-            },
-            share_inputs=True,
-            share_outputs=True,  # the caller reads the output tensor below; skip the copy into a dict
-        )
+        feed = {
+            self._input_name: inputs,
+            "attention_mask": self._mask[:, :end],
+            "position_ids": positions,
+            "beam_idx": self._beam_idx,
+        }
+        if self._selects_positions:
+            feed[LOGITS_INDEX] = np.arange(n - 1 if last_only else 0, n, dtype=np.int64)
+        # share_outputs: the caller reads the output tensor below; skip the copy into a dict
+        self._request.infer(feed, share_inputs=True, share_outputs=True)
         self._physical = end
         self._logical += n
-        return self._request.get_tensor(self._output).data
+        out = self._request.get_tensor(self._output).data
+        return out[:, -1:] if last_only and not self._selects_positions else out
 
     def rewind(self, n: int) -> None:
         """Forget the last ``n`` kept positions by masking them out (they stay in the cache)."""

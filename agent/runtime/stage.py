@@ -10,7 +10,7 @@ import openvino as ov
 
 from agent.runtime.session import StageSession
 from shards.errors import RuntimeStageError
-from shards.manifest import GraphEntry
+from shards.manifest import LOGITS_INDEX, GraphEntry
 
 log = logging.getLogger(__name__)
 
@@ -116,4 +116,5 @@ class CompiledStage:
     def new_session(self) -> StageSession:
         """A fresh KV state for one conversation."""
         return StageSession(self.compiled.create_infer_request(), self.graph.inputs[0],
-                            self.compiled.output(self.graph.outputs[0]))
+                            self.compiled.output(self.graph.outputs[0]),
+                            selects_positions=LOGITS_INDEX in self.graph.inputs)

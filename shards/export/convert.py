@@ -17,6 +17,7 @@ import torch
 
 from shards.architecture import ArchSpec
 from shards.export.stage_model import StageModule
+from shards.manifest import LOGITS_INDEX
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
 INT4_GROUP_SIZE = 128
@@ -34,7 +35,8 @@ def stage_io(has_embeddings: bool, has_head: bool) -> StageIO:
     first = "input_ids" if has_embeddings else "hidden_states"
     # an output must not share its name with an input: OpenVINO resolves names to the input first
     last = "logits" if has_head else "last_hidden_state"
-    return StageIO(inputs=(first, "attention_mask", "position_ids", "beam_idx"), outputs=(last,))
+    selected = (LOGITS_INDEX,) if has_head else ()
+    return StageIO(inputs=(first, "attention_mask", "position_ids", *selected, "beam_idx"), outputs=(last,))
 
 
 def kv_names(num_layers: int) -> tuple[list[str], list[str]]:
@@ -59,13 +61,17 @@ def trace_stage(module: StageModule, spec: ArchSpec, num_layers: int) -> ov.Mode
     past = [torch.zeros(kv_shape, dtype=torch.float32) for _ in range(2 * num_layers)]
     kv_partial = (ov.PartialShape([-1, spec.num_kv_heads, -1, spec.head_dim]), ov.Type.f32)
     shapes = [first_shape, (ov.PartialShape([-1, -1]), ov.Type.i64), (ov.PartialShape([-1, -1]), ov.Type.i64)]
+    selected: list[torch.Tensor] = []
+    if module.has_head:
+        selected = [torch.arange(q_len, dtype=torch.int64)]
+        shapes.append((ov.PartialShape([-1]), ov.Type.i64))
     shapes += [kv_partial] * len(past)
     with torch.no_grad():
-        model = ov.convert_model(module, example_input=(first, mask, positions, *past), input=shapes)
+        model = ov.convert_model(module, example_input=(first, mask, positions, *selected, *past), input=shapes)
 
     io = stage_io(module.has_embeddings, module.has_head)
     past_names, present_names = kv_names(num_layers)
-    for port, name in zip(model.inputs, [*io.inputs[:3], *past_names], strict=True):
+    for port, name in zip(model.inputs, [*io.inputs[:-1], *past_names], strict=True):
         port.get_tensor().set_names({name})
     for port, name in zip(model.outputs, [io.outputs[0], *present_names], strict=True):
         port.get_tensor().set_names({name})

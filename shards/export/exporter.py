@@ -27,6 +27,7 @@ from shards.export.convert import WEIGHT_FORMATS, compress_weights, make_stage_s
 from shards.export.split import plan_layer_split
 from shards.export.stage_model import StageModule, stage_weight_names
 from shards.manifest import (
+    FORMAT_VERSION,
     MANIFEST_NAME,
     DraftEntry,
     FileEntry,
@@ -75,7 +76,7 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
     if request.self_draft_layers is not None and not 1 <= request.self_draft_layers < spec.num_layers:
         raise ExportError(f"--self-draft must be between 1 and {spec.num_layers - 1} layers")
     revision = checkpoint.revision()
-    existing = _reusable(request, revision)
+    existing, replace = _reusable(request, revision)
     if existing is not None:
         log.info("export %s is up to date, reusing it", request.out_dir)
         return existing
@@ -105,24 +106,25 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
             producer={"shoal": _version(), "openvino": ov.get_version(), "torch": torch.__version__},
         )
         manifest.save(staging)
-        _replace_dir(staging, out, request.force)
+        _replace_dir(staging, out, replace)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
 
 
-def _reusable(request: ExportRequest, revision: str) -> Manifest | None:
-    """The existing export at ``out_dir`` if it was made from the same inputs, else None."""
+def _reusable(request: ExportRequest, revision: str) -> tuple[Manifest | None, bool]:
+    """The existing export at ``out_dir`` if it was made from the same inputs (else None), and whether
+    a new export may replace what is there."""
     if not (request.out_dir / MANIFEST_NAME).exists():
         if request.out_dir.exists() and any(request.out_dir.iterdir()) and not request.force:
             raise ExportError(f"{request.out_dir} exists and is not an export; pass --force to replace it")
-        return None
+        return None, request.force
     try:
         old = Manifest.load(request.out_dir)
     except ManifestError:
         if request.force:
-            return None
+            return None, True
         raise
     same = (
         old.source.revision == revision
@@ -130,11 +132,16 @@ def _reusable(request: ExportRequest, revision: str) -> Manifest | None:
         and len(old.stages) == request.stages
         and (old.draft.source if old.draft else None) == request.draft_label
     )
+    if same and old.format_version < FORMAT_VERSION:
+        # the same export in an older format: it still runs, but a new one is better (and nothing is lost)
+        log.info("export %s has format %d, re-exporting in format %d", request.out_dir, old.format_version,
+                 FORMAT_VERSION)
+        return None, True
     if same and not request.force:
-        return old
+        return old, False
     if not request.force:
         raise ExportError(f"{request.out_dir} holds a different export; pass --force to replace it")
-    return None
+    return None, True
 
 
 def _replace_dir(staging: Path, out: Path, force: bool) -> None:

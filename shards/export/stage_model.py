@@ -107,7 +107,10 @@ class StageModule(nn.Module):
     ``forward(inputs, attention_mask, position_ids, *past)`` returns ``(out, *present)`` where
     ``inputs`` is token ids (stage holding the embeddings) or hidden states, ``out`` is logits
     (stage holding the head) or hidden states, and ``past``/``present`` alternate key, value per
-    layer with shape ``[batch, kv_heads, length, head_dim]``.
+    layer with shape ``[batch, kv_heads, length, head_dim]``. A stage holding the head takes one
+    more input before ``past``: ``logits_index``, the positions of this step whose logits are
+    wanted (a prompt needs only its last; the LM head over a whole prompt dominated the time to
+    first token).
     """
 
     def __init__(
@@ -130,7 +133,8 @@ class StageModule(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)
         self.rope_scaling = float(rope_scaling)
 
-    def forward(self, inputs, attention_mask, position_ids, *past):  # type: ignore[no-untyped-def]
+    def forward(self, inputs, attention_mask, position_ids, *rest):  # type: ignore[no-untyped-def]
+        logits_index, past = (rest[0], rest[1:]) if self.has_head else (None, rest)
         x = self.embed_tokens(inputs) if self.has_embeddings else inputs
         q_len, total = x.shape[1], attention_mask.shape[1]
         # Physical positions: the new tokens sit at the end of the cache. Logical positions
@@ -148,7 +152,8 @@ class StageModule(nn.Module):
             x, key, value = layer(x, cos, sin, mask, past[2 * i], past[2 * i + 1])
             present += [key, value]
         if self.has_head:
-            x = self.lm_head(self.norm(x))
+            # the norm is per position, so selecting before it gives the same logits as after
+            x = self.lm_head(self.norm(torch.index_select(x, 1, logits_index)))
         return (x, *present)
 
 

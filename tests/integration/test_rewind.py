@@ -88,3 +88,25 @@ def test_reset_starts_a_fresh_conversation_and_compiles_from_cache(
     assert session.logical_length == 0
     again = session.step(np.asarray([chat_ids[1]]))[0, -1].copy()
     assert np.array_equal(first, again)
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+def test_last_only_computes_the_same_last_logits(
+    stages: int, exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
+) -> None:
+    """A prompt's step asks the head graph for the last position's logits only (``logits_index``);
+    they equal the last row of a step that computed logits at every position."""
+    folder = exported(stages, "fp32")
+    manifest = Manifest.load(folder)
+    assert "logits_index" in manifest.stages[-1].inputs
+    assert all("logits_index" not in s.inputs for s in manifest.stages[:-1])
+    pipeline = LocalPipeline(folder, manifest, RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
+    prompt = np.asarray([chat_ids[2]])
+    full_session, last_session = pipeline.new_session(), pipeline.new_session()
+    full = full_session.step(prompt).copy()
+    last = last_session.step(prompt, last_only=True).copy()
+    assert full.shape[1] == prompt.shape[1] and last.shape[1] == 1
+    assert np.array_equal(last[0, -1], full[0, -1])
+    # the cache behind it is whole: the next step agrees as well
+    after_full = full_session.step(np.asarray(FOLLOW))[0, -1].copy()
+    assert np.array_equal(last_session.step(np.asarray(FOLLOW))[0, -1], after_full)
