@@ -13,10 +13,12 @@ class ScriptedSession:
 
     def __init__(self, script: list[int], vocab: int = 10) -> None:
         self.script, self.vocab, self.fed = script, vocab, []  # type: ignore[var-annotated]
+        self.last_only: list[bool] = []
 
-    def step(self, ids: np.ndarray) -> np.ndarray:
+    def step(self, ids: np.ndarray, last_only: bool = False) -> np.ndarray:
         self.fed.append(ids.tolist())
-        logits = np.zeros((1, ids.shape[1], self.vocab), dtype=np.float32)
+        self.last_only.append(last_only)
+        logits = np.zeros((1, 1 if last_only else ids.shape[1], self.vocab), dtype=np.float32)
         logits[0, -1, self.script[len(self.fed) - 1]] = 1.0
         return logits
 
@@ -26,6 +28,7 @@ def test_stops_at_a_stop_token_without_yielding_it() -> None:
     out = list(generate(session, [1, 1], 10, frozenset({2}), SamplingParams(), 100))
     assert out == [4, 5]
     assert session.fed == [[[1, 1]], [[4]], [[5]]]
+    assert session.last_only[0]  # the prompt asks for the last position's logits only
 
 
 def test_max_tokens_does_not_run_an_extra_step() -> None:
