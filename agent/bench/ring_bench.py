@@ -1203,7 +1203,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         lines += ["| " + " | ".join(row) + " |" for row in _rows(setup)]
         lines += ["", "× mono: ratio of medians against `mono` at the first latency; × pp: against pp at the same "
                   "latency; paired: median of the per-round ratios. K: medians over runs of the median and the "
-                  "maximum K of a run (the last steps of a run draft at most the tokens still to go). Stage busy: "
+                  "maximum K of a run (the last steps of a run draft at most the tokens still to go; a step where "
+                  "the n-gram drafter found no match chooses no K). Stage busy: "
                   "compute time / decode wall time of "
                   "stage 0 on the head and of each agent. Others busy: share of the whole machine's CPU time (both "
                   "cores) used by processes other than this benchmark's during the run (for mono: the busiest the "
