@@ -277,9 +277,8 @@ class StageServer:
         positions = np.arange(frame.position, frame.position + frame.count, dtype=np.int64)[None]
         x = inputs
         last_only = bool(frame.flags & StepFlags.LAST_ONLY)
-        for i, session in enumerate(state.stages):
-            # only a graph holding the LM head may drop positions: the next stage needs them all
-            x = session.step(x, positions, last_only=last_only and self.is_last and i == len(state.stages) - 1)
+        for session in state.stages:
+            x = session.step(x, positions, last_only=last_only)
         fields = {"session": frame.session, "step": frame.step, "position": frame.position, "count": frame.count,
                   "rewind": frame.rewind}
         if self.is_last:

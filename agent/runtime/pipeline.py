@@ -26,9 +26,8 @@ class PipelineSession:
         position only (valid until the next step)."""
         positions = np.arange(self.logical_length, self.logical_length + token_ids.shape[1], dtype=np.int64)[None]
         x = token_ids
-        last = len(self.stages) - 1
-        for i, stage in enumerate(self.stages):
-            x = stage.step(x, positions, last_only=last_only and i == last)
+        for stage in self.stages:
+            x = stage.step(x, positions, last_only=last_only)
         return x
 
     def rewind(self, n: int) -> None:

@@ -19,11 +19,13 @@ class StageSession:
     """A per-session InferRequest plus the physical mask of its cache."""
 
     def __init__(self, request: ov.InferRequest, input_name: str, output: ov.Output, *,
-                 selects_positions: bool = False) -> None:
-        """``selects_positions``: the graph takes ``logits_index`` (a head graph of format 2 on)."""
+                 holds_head: bool = False, selects_positions: bool = False) -> None:
+        """``holds_head``: the graph ends in logits; ``selects_positions``: it also takes ``logits_index``
+        (a head graph of format 2 on)."""
         self._request = request
         self._input_name = input_name
         self._output = output
+        self._holds_head = holds_head
         self._selects_positions = selects_positions
         self._mask = np.zeros((1, 256), dtype=np.int64)
         self._physical = 0
@@ -44,10 +46,11 @@ class StageSession:
         """Run new positions through the stage and return its output (hidden states or logits).
 
         ``inputs`` is ``[1, n]`` token ids or ``[1, n, hidden]`` hidden states; ``positions`` the
-        logical positions ``[1, n]`` (default: continuing the logical length). With ``last_only``
-        the output covers the last position only (``[1, 1, ...]``); a head graph then computes
-        logits for that position alone. The returned array is a view of the request's output
-        buffer, valid until the next call.
+        logical positions ``[1, n]`` (default: continuing the logical length). ``last_only`` says the
+        caller needs the logits of the last position only: a head graph then returns ``[1, 1, vocab]``
+        (and, from format 2, computes that row alone); a stage ending in hidden states ignores it,
+        since the next stage needs every position. The returned array is a view of the request's
+        output buffer, valid until the next call.
         """
         n = inputs.shape[1]
         if n < 1:
@@ -73,7 +76,7 @@ class StageSession:
         self._physical = end
         self._logical += n
         out = self._request.get_tensor(self._output).data
-        return out[:, -1:] if last_only and not self._selects_positions else out
+        return out[:, -1:] if last_only and self._holds_head and not self._selects_positions else out
 
     def rewind(self, n: int) -> None:
         """Forget the last ``n`` kept positions by masking them out (they stay in the cache)."""

@@ -117,4 +117,4 @@ class CompiledStage:
         """A fresh KV state for one conversation."""
         return StageSession(self.compiled.create_infer_request(), self.graph.inputs[0],
                             self.compiled.output(self.graph.outputs[0]),
-                            selects_positions=LOGITS_INDEX in self.graph.inputs)
+                            holds_head=self.graph.head, selects_positions=LOGITS_INDEX in self.graph.inputs)
