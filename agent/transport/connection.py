@@ -15,6 +15,8 @@ from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 256 * 1024
+COALESCE_BYTES = 64 * 1024
+"""Frames up to this size are written as one buffer: one TLS record to seal and open instead of two."""
 
 
 class FrameConnection:
@@ -46,7 +48,11 @@ class FrameConnection:
         if self.closed:
             raise PeerUnavailableError(f"connection to {self.label} is closed")
         try:
-            self._writer.writelines(encode_frame(frame))
+            buffers = encode_frame(frame)
+            if len(buffers) > 1 and len(buffers[1]) <= COALESCE_BYTES:
+                self._writer.write(b"".join(buffers))
+            else:
+                self._writer.writelines(buffers)
             await self._writer.drain()
         except (ConnectionError, ssl.SSLError, OSError) as exc:
             self.closed = True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +76,7 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
     if request.self_draft_layers is not None and not 1 <= request.self_draft_layers < spec.num_layers:
         raise ExportError(f"--self-draft must be between 1 and {spec.num_layers - 1} layers")
     revision = checkpoint.revision()
-    existing, replace = _reusable(request, revision)
+    existing, replace = _reusable(request, revision, ranges)
     if existing is not None:
         log.info("export %s is up to date, reusing it", request.out_dir)
         return existing
@@ -113,9 +113,13 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
     return manifest
 
 
-def _reusable(request: ExportRequest, revision: str) -> tuple[Manifest | None, bool]:
+def _split_text(ranges: Iterable[range]) -> str:
+    return "/".join(str(len(r)) for r in ranges)
+
+
+def _reusable(request: ExportRequest, revision: str, ranges: list[range]) -> tuple[Manifest | None, bool]:
     """The existing export at ``out_dir`` if it was made from the same inputs (else None), and whether
-    a new export may replace what is there."""
+    a new export may replace what is there. ``ranges`` is today's split of the layers."""
     if not (request.out_dir / MANIFEST_NAME).exists():
         if request.out_dir.exists() and any(request.out_dir.iterdir()) and not request.force:
             raise ExportError(f"{request.out_dir} exists and is not an export; pass --force to replace it")
@@ -136,6 +140,11 @@ def _reusable(request: ExportRequest, revision: str) -> tuple[Manifest | None, b
         # the same export in an older format: it still runs, but a new one is better (and nothing is lost)
         log.info("export %s has format %d, re-exporting in format %d", request.out_dir, old.format_version,
                  FORMAT_VERSION)
+        return None, True
+    if same and [range(s.layer_start, s.layer_stop) for s in old.stages] != ranges:
+        # the same inputs cut where an older planner put the cuts: re-balance
+        log.info("export %s was split %s, re-exporting split %s", request.out_dir,
+                 _split_text(range(s.layer_start, s.layer_stop) for s in old.stages), _split_text(ranges))
         return None, True
     if same and not request.force:
         return old, False

@@ -1,8 +1,16 @@
 """Where to cut a decoder into stages: contiguous layer ranges with balanced per-token cost.
 
-Decoding is bound by reading weights, so a stage's time per token follows the bytes of weights
-it reads. The LM head (vocabulary x width) often weighs as much as several layers, so an even
-split by layer count would make the last stage the bottleneck.
+Decoding one token reads every weight once, so a stage's time per token is mostly the bytes of
+weights it reads, plus a fixed cost per layer (norms, rotary embedding, attention over the cache,
+a dozen kernel launches) that dominates small models. The LM head (vocabulary x width) often
+costs as much as several layers, so an even split by layer count would make the last stage the
+bottleneck. The head of a conversation also runs its generation loop on the PC of stage 0, so
+stage 0 is given a little less.
+
+Costs are in bytes-equivalent (what reading that many int4 weight bytes takes). The constants
+come from per-stage decode timings of SmolLM2-135M and Qwen2.5-1.5B int4 exports on one CPU
+thread (docs/benchmarks.md, "Where to cut"): one int4 layer costs 0.23 ms + 0.156 ms per MB of
+its weights; the int8 LM head 0.12-0.15 ms per MB.
 """
 
 from __future__ import annotations
@@ -13,21 +21,35 @@ from shards.errors import ExportError
 # bytes read per parameter, by export format; int4 exports keep the LM head in int8.
 BYTES_PER_PARAM = {"int4": 0.53, "int8": 1.0, "fp16": 2.0, "fp32": 4.0}
 HEAD_BYTES_PER_PARAM = {"int4": 1.0, "int8": 1.0, "fp16": 2.0, "fp32": 4.0}
+LAYER_OVERHEAD_BYTES = 1.5e6
+"""The fixed per-token cost of one layer, whatever its width (0.23 ms at 0.156 ms per MB)."""
+HEAD_READ_FACTOR = {"int4": 0.85, "int8": 1.0, "fp16": 1.0, "fp32": 1.0}
+"""The int8 LM head of an int4 export reads ~15 % faster per byte than group-wise int4 layers."""
+HEAD_LOOP_BYTES = 10e6
+"""The conversation head's own work per token on stage 0's PC (loop, wire, drafting; ~1.5 ms)."""
+
+
+def stage_costs(spec: ArchSpec, weights: str) -> tuple[float, float]:
+    """(cost of one decoder layer, cost of the final norm + LM head) per decoded token, in bytes-equivalent."""
+    layer = spec.layer_param_count() * BYTES_PER_PARAM[weights] + LAYER_OVERHEAD_BYTES
+    head = spec.vocab_size * spec.hidden_size * HEAD_BYTES_PER_PARAM[weights] * HEAD_READ_FACTOR[weights]
+    return layer, head
 
 
 def plan_layer_split(spec: ArchSpec, stages: int, weights: str) -> list[range]:
     """Split ``spec.num_layers`` layers into ``stages`` contiguous non-empty ranges, minimising the
-    largest stage's weight bytes (the last stage also reads the LM head)."""
+    largest stage's cost per token (the last stage also runs the LM head; with more than one
+    stage, the first also carries the conversation head's loop)."""
     layers = spec.num_layers
     if stages < 1:
         raise ExportError(f"--stages must be at least 1, not {stages}")
     if stages > layers:
         raise ExportError(f"cannot cut {layers} layers into {stages} stages (at most one stage per layer)")
-    layer_cost = spec.layer_param_count() * BYTES_PER_PARAM[weights]
-    head_cost = spec.vocab_size * spec.hidden_size * HEAD_BYTES_PER_PARAM[weights]
+    layer_cost, head_cost = stage_costs(spec, weights)
 
     def cost(start: int, stop: int) -> float:
-        return (stop - start) * layer_cost + (head_cost if stop == layers else 0.0)
+        loop = HEAD_LOOP_BYTES if start == 0 and stop < layers else 0.0
+        return (stop - start) * layer_cost + (head_cost if stop == layers else 0.0) + loop
 
     # best[s][i]: minimal max-cost of cutting the first i layers into s stages; small sizes only.
     inf = float("inf")

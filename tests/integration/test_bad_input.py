@@ -139,3 +139,31 @@ def test_errors_share_one_root() -> None:
     for name in ("SourceError", "UnsupportedModelError", "CorruptCheckpointError", "ExportError",
                  "ManifestError", "IntegrityError", "RuntimeStageError"):
         assert issubclass(getattr(errors, name), ShoalError)
+
+
+@pytest.mark.parametrize("edit", ["none", "older format", "other split"])
+def test_export_is_reused_only_when_current(edit: str, tmp_path: Path, exported: Callable[..., Path]) -> None:
+    from shards.checkpoint import open_checkpoint
+    from shards.export.exporter import ExportRequest, _reusable
+    from shards.export.split import plan_layer_split
+    from shards.manifest import Manifest
+
+    source = exported(2, "fp32")
+    folder = tmp_path / "export"
+    folder.mkdir()
+    manifest = json.loads((source / "manifest.json").read_text())
+    if edit == "older format":
+        manifest["format_version"] = 1
+    elif edit == "other split":
+        first, second = manifest["stages"]
+        first["layer_stop"] = second["layer_start"] = first["layer_stop"] + 1
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    old = Manifest.load(folder)
+    ranges = plan_layer_split(old.arch, 2, "fp32")
+    revision = open_checkpoint("smollm2", tmp_path / "cache").revision()
+    existing, replace = _reusable(ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32"),
+                                  revision, ranges)
+    if edit == "none":
+        assert existing is not None and not replace
+    else:
+        assert existing is None and replace  # redone, never refused: the inputs are the same
