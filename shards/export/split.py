@@ -8,9 +8,10 @@ bottleneck. The head of a conversation also runs its generation loop on the PC o
 stage 0 is given a little less.
 
 Costs are in bytes-equivalent (what reading that many int4 weight bytes takes). The constants
-come from per-stage decode timings of SmolLM2-135M and Qwen2.5-1.5B int4 exports on one CPU
-thread (docs/benchmarks.md, "Where to cut"): one int4 layer costs 0.23 ms + 0.156 ms per MB of
-its weights; the int8 LM head 0.12-0.15 ms per MB.
+fit per-stage decode timings of SmolLM2-135M and Qwen2.5-1.5B int4 exports on one CPU thread
+(docs/benchmarks.md, "Where to cut"): an int4 layer costs 0.23 ms + 0.156 ms per MB of its
+weights; the LM head 0.106 ms per MB of its int8 weights + 26 ns per vocabulary entry (the logits
+it writes): 8.1 layers for SmolLM2, 7.0 for Qwen, where weight bytes alone say 15 and 9.4.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ BYTES_PER_PARAM = {"int4": 0.53, "int8": 1.0, "fp16": 2.0, "fp32": 4.0}
 HEAD_BYTES_PER_PARAM = {"int4": 1.0, "int8": 1.0, "fp16": 2.0, "fp32": 4.0}
 LAYER_OVERHEAD_BYTES = 1.5e6
 """The fixed per-token cost of one layer, whatever its width (0.23 ms at 0.156 ms per MB)."""
-HEAD_READ_FACTOR = {"int4": 0.85, "int8": 1.0, "fp16": 1.0, "fp32": 1.0}
-"""The int8 LM head of an int4 export reads ~15 % faster per byte than group-wise int4 layers."""
+HEAD_READ_FACTOR = {"int4": 0.68, "int8": 1.0, "fp16": 1.0, "fp32": 1.0}
+"""The int8 LM head of an int4 export reads faster per byte than group-wise int4 layers (no unpacking)."""
+HEAD_BYTES_PER_LOGIT = 164.0
+"""Writing one logit (f32) and its share of the final norm, per vocabulary entry."""
 HEAD_LOOP_BYTES = 10e6
 """The conversation head's own work per token on stage 0's PC (loop, wire, drafting; ~1.5 ms)."""
 
@@ -32,7 +35,8 @@ HEAD_LOOP_BYTES = 10e6
 def stage_costs(spec: ArchSpec, weights: str) -> tuple[float, float]:
     """(cost of one decoder layer, cost of the final norm + LM head) per decoded token, in bytes-equivalent."""
     layer = spec.layer_param_count() * BYTES_PER_PARAM[weights] + LAYER_OVERHEAD_BYTES
-    head = spec.vocab_size * spec.hidden_size * HEAD_BYTES_PER_PARAM[weights] * HEAD_READ_FACTOR[weights]
+    head = (spec.vocab_size * spec.hidden_size * HEAD_BYTES_PER_PARAM[weights] * HEAD_READ_FACTOR[weights]
+            + spec.vocab_size * HEAD_BYTES_PER_LOGIT)
     return layer, head
 
 
