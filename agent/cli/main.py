@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.bench.ring_bench import add_arguments
 
     add_arguments(b)
+    b = bench.add_parser("stages", help="each stage's decode time back to back, beside the split planner's estimate")
+    from agent.bench.stages_bench import add_arguments as add_stages_arguments
+
+    add_stages_arguments(b)
     return parser
 
 
@@ -182,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                 from agent.bench.ring_bench import run_bench_ring
 
                 return run_bench_ring(args, cache_dir)
+            if args.bench == "stages":
+                from agent.bench.stages_bench import run_bench_stages
+
+                return run_bench_stages(args, cache_dir)
             from agent.bench.shards_bench import run_bench_shards
 
             return run_bench_shards(args, cache_dir)

@@ -1,0 +1,24 @@
+"""``shoal bench stages``: every stage is timed, and the planner's shares are set beside the measured ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agent.bench.stages_bench import render_table, time_stages
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_every_stage_is_timed_beside_its_planned_share(stages: int, exported: Callable[..., Path],
+                                                       cache_dir: Path) -> None:
+    export = exported(stages, "int4")
+    timings = time_stages(export, threads=1, prompt_tokens=8, tokens=3, cache_dir=cache_dir)
+    assert [t.name for t in timings] == [f"stage-{i}" for i in range(stages)]
+    assert sum(t.layers for t in timings) == 30
+    assert timings[0].embeddings and timings[-1].head and not timings[0].head
+    assert all(0 < t.ms_min <= t.ms_median for t in timings)
+    assert sum(t.planned_share for t in timings) == pytest.approx(1.0)
+    table = render_table(str(export), timings)
+    assert table.count("| stage-") == stages and "LM head" in table
