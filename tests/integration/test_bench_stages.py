@@ -10,11 +10,10 @@ import pytest
 from agent.bench.stages_bench import render_table, time_stages
 
 
-@pytest.mark.parametrize("stages", [2, 3])
-def test_every_stage_is_timed_beside_its_planned_share(stages: int, exported: Callable[..., Path],
-                                                       cache_dir: Path) -> None:
+def test_every_stage_is_timed_beside_its_planned_share(exported: Callable[..., Path], cache_dir: Path) -> None:
+    stages = 3  # a first, a middle and a last stage (the int4 3-stage export is shared with other tests)
     export = exported(stages, "int4")
-    timings = time_stages(export, threads=1, prompt_tokens=8, tokens=3, cache_dir=cache_dir)
+    timings = time_stages(export, threads=1, prompt_tokens=8, tokens=2, cache_dir=cache_dir)
     assert [t.name for t in timings] == [f"stage-{i}" for i in range(stages)]
     assert sum(t.layers for t in timings) == 30
     assert timings[0].embeddings and timings[-1].head and not timings[0].head
