@@ -72,8 +72,13 @@ class GraphEntry:
             raise ManifestError(f"{self.name}: graph {self.xml} is not among its files")
 
     @property
+    def layers(self) -> range:
+        """The decoder layers this graph holds."""
+        return range(self.layer_start, self.layer_stop)
+
+    @property
     def num_layers(self) -> int:
-        return self.layer_stop - self.layer_start
+        return len(self.layers)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def time_stages(export: Path, threads: int, prompt_tokens: int, tokens: int, cac
     import numpy as np
 
     from agent.runtime.stage import CompiledStage, RuntimeConfig
-    from shards.export.split import stage_costs
+    from shards.export.split import StageCostModel
     from shards.manifest import Manifest
 
     manifest = Manifest.load(export)
@@ -95,10 +95,9 @@ def time_stages(export: Path, threads: int, prompt_tokens: int, tokens: int, cac
             x = np.array(session.step(x, last_only=True))
             if step >= 10:
                 seconds[index].append(time.perf_counter() - started)
-    layer_cost, head_cost = stage_costs(manifest.arch, manifest.weights)
-    planned = [len(range(e.layer_start, e.layer_stop)) * layer_cost + (head_cost if e.head else 0.0)
-               for e in manifest.stages]
-    return [StageTiming(name=e.name, layers=e.layer_stop - e.layer_start, embeddings=e.embeddings, head=e.head,
+    model = StageCostModel.of(manifest.arch, manifest.weights)
+    planned = [model.stage(e.num_layers, e.head) for e in manifest.stages]
+    return [StageTiming(name=e.name, layers=e.num_layers, embeddings=e.embeddings, head=e.head,
                         ms_median=1e3 * statistics.median(s), ms_min=1e3 * min(s),
                         planned_share=cost / sum(planned))
             for e, s, cost in zip(manifest.stages, seconds, planned, strict=True)]

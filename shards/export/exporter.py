@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +113,7 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
     return manifest
 
 
-def _split_text(ranges: Iterable[range]) -> str:
+def _split_text(ranges: list[range]) -> str:
     return "/".join(str(len(r)) for r in ranges)
 
 
@@ -141,10 +141,11 @@ def _reusable(request: ExportRequest, revision: str, ranges: list[range]) -> tup
         log.info("export %s has format %d, re-exporting in format %d", request.out_dir, old.format_version,
                  FORMAT_VERSION)
         return None, True
-    if same and [range(s.layer_start, s.layer_stop) for s in old.stages] != ranges:
+    old_ranges = [s.layers for s in old.stages]
+    if same and old_ranges != ranges:
         # the same inputs cut where an older planner put the cuts: re-balance
-        log.info("export %s was split %s, re-exporting split %s", request.out_dir,
-                 _split_text(range(s.layer_start, s.layer_stop) for s in old.stages), _split_text(ranges))
+        log.info("export %s was split %s, re-exporting split %s", request.out_dir, _split_text(old_ranges),
+                 _split_text(ranges))
         return None, True
     if same and not request.force:
         return old, False

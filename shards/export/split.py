@@ -16,6 +16,8 @@ it writes): 8.1 layers for SmolLM2, 7.0 for Qwen, where weight bytes alone say 1
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from shards.architecture import ArchSpec
 from shards.errors import ExportError
 
@@ -32,12 +34,22 @@ HEAD_LOOP_BYTES = 10e6
 """The conversation head's own work per token on stage 0's PC (loop, wire, drafting; ~1.5 ms)."""
 
 
-def stage_costs(spec: ArchSpec, weights: str) -> tuple[float, float]:
-    """(cost of one decoder layer, cost of the final norm + LM head) per decoded token, in bytes-equivalent."""
-    layer = spec.layer_param_count() * BYTES_PER_PARAM[weights] + LAYER_OVERHEAD_BYTES
-    head = (spec.vocab_size * spec.hidden_size * HEAD_BYTES_PER_PARAM[weights] * HEAD_READ_FACTOR[weights]
-            + spec.vocab_size * HEAD_BYTES_PER_LOGIT)
-    return layer, head
+@dataclass(frozen=True)
+class StageCostModel:
+    """Per-token cost, in bytes-equivalent, of one decoder layer and of the final norm + LM head."""
+
+    layer: float
+    head: float
+
+    @classmethod
+    def of(cls, spec: ArchSpec, weights: str) -> StageCostModel:
+        return cls(layer=spec.layer_param_count() * BYTES_PER_PARAM[weights] + LAYER_OVERHEAD_BYTES,
+                   head=(spec.vocab_size * spec.hidden_size * HEAD_BYTES_PER_PARAM[weights] * HEAD_READ_FACTOR[weights]
+                         + spec.vocab_size * HEAD_BYTES_PER_LOGIT))
+
+    def stage(self, layers: int, holds_head: bool) -> float:
+        """The compute of a stage of ``layers`` layers (plus the LM head if it holds it) per decoded token."""
+        return layers * self.layer + (self.head if holds_head else 0.0)
 
 
 def plan_layer_split(spec: ArchSpec, stages: int, weights: str) -> list[range]:
@@ -49,11 +61,11 @@ def plan_layer_split(spec: ArchSpec, stages: int, weights: str) -> list[range]:
         raise ExportError(f"--stages must be at least 1, not {stages}")
     if stages > layers:
         raise ExportError(f"cannot cut {layers} layers into {stages} stages (at most one stage per layer)")
-    layer_cost, head_cost = stage_costs(spec, weights)
+    model = StageCostModel.of(spec, weights)
 
     def cost(start: int, stop: int) -> float:
         loop = HEAD_LOOP_BYTES if start == 0 and stop < layers else 0.0
-        return (stop - start) * layer_cost + (head_cost if stop == layers else 0.0) + loop
+        return model.stage(stop - start, stop == layers) + loop
 
     # best[s][i]: minimal max-cost of cutting the first i layers into s stages; small sizes only.
     inf = float("inf")
