@@ -66,6 +66,8 @@ DEFAULT_LATENCIES = (0.0, 10.0, 50.0, 100.0)
 DRAFTER_KINDS = ("ngram", "draft")
 SELF_DRAFT_LAYERS = 8
 DEFAULT_WARMUP_TOKENS = 8
+DEFAULT_DEPTH = 1
+"""Steps of a session in flight: pipelining measured no gain on the benchmark's answer (docs/benchmarks.md)."""
 WARMUP_PROMPT_TOKENS = 16
 """A ring warm-up decodes from this many prompt tokens: it only has to wake both cores, not pay a prefill."""
 AGENT_READY_TIMEOUT = 900.0
@@ -134,6 +136,8 @@ class RingSettings:
     """``best`` (a pilot of both drafters decides), ``ngram`` or ``draft``."""
     pilot_runs: int
     self_draft: int
+    depth: int
+    """Speculative steps of one session in flight at once."""
     head_core: int
     agent_core: int
     prompt: str
@@ -143,6 +147,8 @@ class RingSettings:
     def from_args(cls, args: argparse.Namespace) -> RingSettings:
         if args.runs < 1 or args.tokens < 2:
             raise BenchError("--runs must be at least 1 and --tokens at least 2")
+        if args.depth < 1:
+            raise BenchError("--depth must be at least 1")
         if args.model:
             stage_counts = args.stages or list(DEFAULT_STAGES.get(args.model, (2,)))
             setups = tuple(Setup(args.model, s) for s in stage_counts)
@@ -182,6 +188,7 @@ class RingSettings:
             drafter=args.drafter,
             pilot_runs=max(1, args.pilot_runs),
             self_draft=args.self_draft,
+            depth=args.depth,
             head_core=head_core,
             agent_core=agent_core,
             prompt=args.prompt or DEFAULT_PROMPT,
@@ -222,6 +229,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--drafter", choices=("best", *DRAFTER_KINDS), default="best",
                    help="drafter for pp+sd: best = a pilot of both decides (default)")
     b.add_argument("--pilot-runs", type=int, default=2, help="timed pilot runs per drafter")
+    b.add_argument("--depth", type=int, default=DEFAULT_DEPTH,
+                   help=f"speculative steps of a session in flight at once (default {DEFAULT_DEPTH}; 1: one at a time)")
     b.add_argument("--self-draft", type=int, default=SELF_DRAFT_LAYERS, metavar="N",
                    help=f"layers of the self-draft exported for the draft drafter (default {SELF_DRAFT_LAYERS})")
     b.add_argument("--warmup-tokens", type=int, default=None,
@@ -701,7 +710,7 @@ class Ring:
             async for token in decode(sessions[i], prompt_ids, max_tokens=tokens, stop_ids=frozenset(),
                                       params=params, context_tokens=self.manifest.context_tokens,
                                       drafter=drafters[i], k_policy=AdaptiveK(), executor=self.executor,
-                                      stats=stats[i]):
+                                      stats=stats[i], depth=self.settings.depth):
                 stamps[i].append(time.perf_counter())
                 outputs[i].append(token)
                 if len(outputs[i]) == 1 and all(stamps):

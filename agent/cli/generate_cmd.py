@@ -35,6 +35,8 @@ class HeadOptions:
     local_stages: int = 0
     identity_dir: Path | None = None
     verify: bool = True
+    depth: int = 1
+    """Speculative steps of the session in flight at once (pipelined speculation; useful on a ring only)."""
 
 
 def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
@@ -43,7 +45,7 @@ def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> i
 
     ring = tuple(parse_address(a) for a in args.ring.split(",")) if args.ring else ()
     options = HeadOptions(args.drafter, args.draft_export, args.k, ring, args.local_stages,
-                          identity_dir(args.identity, data_dir) if ring else None, not args.no_verify)
+                          identity_dir(args.identity, data_dir) if ring else None, not args.no_verify, args.depth)
     config = RuntimeConfig(
         device=args.device, threads=args.threads, cache_dir=cache_dir / "ov-cache", precision=args.precision
     )
@@ -90,7 +92,8 @@ async def stream_answer(export_dir: Path, prompt: str, params: SamplingParams, c
     try:
         async for token in decode(target, prompt_ids, max_tokens=max_tokens, stop_ids=tokenizer.stop_ids,
                                   params=params, context_tokens=manifest.context_tokens, drafter=drafter,
-                                  k_policy=AdaptiveK(fixed=options.k), executor=executor, stats=stats):
+                                  k_policy=AdaptiveK(fixed=options.k), executor=executor, stats=stats,
+                                  depth=options.depth):
             out.write(stream.push(token))
             out.flush()
     finally:

@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(auto: the draft graph if the export has one, else n-gram)")
     p.add_argument("--draft-export", type=Path, default=None, help="take the draft graph from this export instead")
     p.add_argument("--k", type=int, default=None, help="fixed number of drafted tokens per step (default: adaptive)")
+    p.add_argument("--depth", type=int, default=1,
+                   help="with --ring: speculative steps in flight at once, drafts continued past unjudged ones")
     p.add_argument("--ring", default=None, metavar="ADDR[,ADDR]",
                    help="run through agents: HOST:PORT of the first remote stage and of the last (one if the same)")
     p.add_argument("--local-stages", type=int, default=0, help="with --ring: stages this head runs itself")

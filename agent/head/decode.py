@@ -5,12 +5,21 @@ target answers at every position. The longest agreeing prefix is kept (greedy), 
 Leviathan/Chen accept/reject rule decides (sampling); the rejected positions are rewound by the
 next step's ``rewind`` count, so no extra round trip is spent on it. With no drafter (or K = 0)
 this is plain autoregressive decoding.
+
+Pipelined speculation (``depth`` > 1): while a step is on its way, the loop may draft on past its
+unjudged drafts and send the continuation right behind it, so that on a ring one stage verifies the
+first piece while the one before it computes the next. Judging is unchanged: a continuation's first
+draft is judged by the last answer of the step before it, so the pieces together are judged exactly as
+one long step would be, and a continuation behind a rejected draft is void (rewound with the next step,
+its answer ignored). The target says how deep is useful (``Target.useful_depth``): a ring that other
+sessions already keep busy gains nothing from it and pays for every void step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -38,6 +47,10 @@ class DecodeStats:
     target_seconds: float = 0.0
     draft_seconds: float = 0.0
     first_token_seconds: float = 0.0
+    continued: int = 0
+    """Steps sent behind an unjudged one (pipelined speculation)."""
+    voided: int = 0
+    """Of those, steps an earlier rejection made void (their positions were computed for nothing)."""
 
     @property
     def acceptance(self) -> float:
@@ -47,6 +60,18 @@ class DecodeStats:
     @property
     def median_k(self) -> float:
         return float(np.median(self.k_chosen)) if self.k_chosen else 0.0
+
+
+@dataclass
+class _InFlight:
+    """A step sent around the ring and not judged yet."""
+
+    answer: asyncio.Future[StepOutput]
+    draft: Draft
+    leads: bool  # it feeds the last emitted token before its drafts (else it continues the step before it)
+    k: int | None
+    started: float
+    drafted_at: float
 
 
 async def decode(
@@ -61,15 +86,46 @@ async def decode(
     k_policy: AdaptiveK | None = None,
     executor: Executor | None = None,
     stats: DecodeStats | None = None,
+    depth: int = 1,
+    continue_above: float = 0.7,
     clock: Callable[[], float] = time.perf_counter,
 ) -> AsyncIterator[int]:
-    """Yield completion tokens; stops at a stop token (not yielded) or after ``max_tokens``."""
+    """Yield completion tokens; stops at a stop token (not yielded) or after ``max_tokens``.
+
+    ``depth``: steps of this session in flight at once. Above 1, while a step's drafts are being
+    verified the loop drafts on past them (assuming they will be kept) and sends the continuation
+    right behind, when the drafter's acceptance estimate for it is at least ``continue_above``; the
+    stages then work on consecutive pieces of one long draft at the same time, and a continuation
+    voided by an earlier rejection is rewound with the next step. Outputs are the same at every depth.
+    """
     check_prompt(prompt_ids, max_tokens, context_tokens)
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
     stats = stats if stats is not None else DecodeStats()
     policy = k_policy or AdaptiveK()
     rng = np.random.default_rng(params.seed)
     loop = asyncio.get_running_loop()
     context = list(prompt_ids)
+
+    async def draft_after(known: list[int], room: int, threshold: float | None) -> tuple[Draft, int | None]:
+        """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much."""
+        if drafter is None:
+            return Draft([]), None
+        if drafter.drafts_cheaply:
+            # Look up the longest usable draft, then let its evidence decide how much of it to send.
+            draft = drafter.propose(known, min(policy.k_max, max(room, 0)))
+            if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):
+                return Draft([]), None
+            k = policy.choose(draft.evidence)
+            return draft.truncated(k), k
+        if threshold is not None and policy.alpha < threshold:
+            return Draft([]), None
+        k = min(policy.choose(), max(room, 0))
+        if k <= 0:
+            return Draft([]), k
+        if drafter.blocking:
+            return await loop.run_in_executor(executor, drafter.propose, list(known), k), k
+        return drafter.propose(known, k), k
 
     started = clock()
     first = await target.step(context, 0, last_only=True)
@@ -78,6 +134,8 @@ async def decode(
     new_tokens = [_pick(first, rng, params)]
     rewind = 0
     produced = 0  # not stats.tokens: one stats object may add up several generations
+    in_flight: deque[_InFlight] = deque()
+    carry: StepOutput | None = None  # the answer at the last position judged: it judges the next step's first draft
     while True:
         for token in new_tokens:
             if token in stop_ids:
@@ -88,35 +146,51 @@ async def decode(
             yield token
             if produced >= max_tokens:
                 return
-        room = max(min(max_tokens - produced - 1, context_tokens - len(context) - 1), 0)
-        started = clock()
-        draft, k = Draft([]), None
-        if drafter is not None and drafter.drafts_cheaply:
-            # Look up the longest usable draft, then let its evidence decide how much of it to send.
-            draft = drafter.propose(context, min(policy.k_max, room))
-            if draft.tokens:
-                k = policy.choose(draft.evidence)
-                draft = draft.truncated(k)
-        elif drafter is not None and (k := min(policy.choose(), room)) > 0:
-            if drafter.blocking:
-                draft = await loop.run_in_executor(executor, drafter.propose, list(context), k)
-            else:
-                draft = drafter.propose(context, k)
-        drafted_at = clock()
-        output = await target.step([context[-1], *draft.tokens], rewind, last_only=False)
+        # Room for drafts: every in-flight draft and one more token must fit the budget and the context.
+        room = min(max_tokens - produced, context_tokens - len(context)) - 1
+        if not in_flight:
+            begun = clock()
+            draft, k = await draft_after(context, room, None)
+            drafted_at = clock()
+            answer = await target.submit([context[-1], *draft.tokens], rewind, last_only=False)
+            in_flight.append(_InFlight(answer, draft, True, k, begun, drafted_at))
+            rewind = 0
+        while len(in_flight) < min(depth, target.useful_depth()):
+            ahead = [t for step in in_flight for t in step.draft.tokens]
+            if not in_flight[-1].draft.tokens or len(ahead) >= room:
+                break
+            begun = clock()
+            draft, k = await draft_after(context + ahead, room - len(ahead), continue_above)
+            if not draft.tokens:
+                break
+            drafted_at = clock()
+            answer = await target.submit(list(draft.tokens), 0, last_only=False)
+            in_flight.append(_InFlight(answer, draft, False, k, begun, drafted_at))
+            stats.continued += 1
+
+        step = in_flight.popleft()
+        output = await step.answer
         done = clock()
-        verdict = _verify(draft, output, rng, params)
-        rewind = len(draft.tokens) - verdict.accepted
+        judged = output if step.leads else output.after(carry) if carry is not None else output
+        verdict = _verify(step.draft, judged, rng, params, bonus=not in_flight)
+        rejected = len(step.draft.tokens) - verdict.accepted
+        if rejected:
+            # Everything fed after the first rejected draft is void: this step's rest and every step behind it.
+            rewind = rejected + sum(len(s.draft.tokens) for s in in_flight)
+            stats.voided += len(in_flight)
+            in_flight.clear()
+        carry = output.last()
         if drafter is not None:
             drafter.commit(len(context) + verdict.accepted)
-            policy.record(len(draft.tokens), verdict.accepted, done - started, drafted_at - started, draft.evidence)
+            policy.record(len(step.draft.tokens), verdict.accepted, done - step.started,
+                          step.drafted_at - step.started, step.draft.evidence)
         stats.steps += 1
-        stats.drafted += len(draft.tokens)
+        stats.drafted += len(step.draft.tokens)
         stats.accepted += verdict.accepted
-        if k is not None:
-            stats.k_chosen.append(k)
-        stats.draft_seconds += drafted_at - started
-        stats.target_seconds += done - drafted_at
+        if step.k is not None:
+            stats.k_chosen.append(step.k)
+        stats.draft_seconds += step.drafted_at - step.started
+        stats.target_seconds += done - step.drafted_at
         new_tokens = verdict.tokens
 
 
@@ -127,12 +201,13 @@ def _pick(output: StepOutput, rng: np.random.Generator, params: SamplingParams) 
     return output.dists[-1].sample(rng)
 
 
-def _verify(draft: Draft, output: StepOutput, rng: np.random.Generator, params: SamplingParams) -> Verdict:
+def _verify(draft: Draft, output: StepOutput, rng: np.random.Generator, params: SamplingParams, *,
+            bonus: bool) -> Verdict:
     if output.positions != len(draft.tokens) + 1:
         from agent.errors import SessionFailedError
 
         raise SessionFailedError(f"the target answered {output.positions} positions for {len(draft.tokens) + 1}")
     if output.top1 is not None:
-        return verify_greedy(draft.tokens, [int(t) for t in output.top1])
+        return verify_greedy(draft.tokens, [int(t) for t in output.top1], bonus=bonus)
     assert output.dists is not None
-    return verify_sampled(draft.tokens, draft.dists, output.dists, rng)
+    return verify_sampled(draft.tokens, draft.dists, output.dists, rng, bonus=bonus)

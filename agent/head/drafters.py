@@ -73,6 +73,10 @@ class NGramDrafter:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._tokens: list[int] = []
         self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        # What each not-yet-final token overwrote in the index, so drafts that were looked up past the
+        # context (pipelined speculation) and then rejected are taken out again without a rebuild.
+        self._undo: list[list[tuple[int, tuple[int, ...], int | None]]] = []
+        self._final = 0
         self.reset()
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
@@ -95,11 +99,30 @@ class NGramDrafter:
         if context_len_kept < 0:
             raise ValueError(f"context_len_kept must be >= 0, got {context_len_kept}")
         if context_len_kept < len(self._tokens):
-            self._rebuild(self._tokens[:context_len_kept])
+            self._truncate(context_len_kept)
+        final = min(context_len_kept, len(self._tokens))
+        if final > self._final:
+            del self._undo[: final - self._final]
+            self._final = final
 
     def reset(self) -> None:
         self._tokens = []
         self._index = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+        self._undo = []
+        self._final = 0
+
+    def _truncate(self, length: int) -> None:
+        """Forget the tokens from ``length`` on, restoring what they overwrote in the index."""
+        if length < self._final:
+            self._rebuild(self._tokens[:length])
+            return
+        while len(self._tokens) > length:
+            self._tokens.pop()
+            for n, key, previous in reversed(self._undo.pop()):
+                if previous is None:
+                    del self._index[n][key]
+                else:
+                    self._index[n][key] = previous
 
     def _match_length(self, follow: int, n: int) -> int:
         """How many tokens before the end equal those before ``follow`` (at least the matched ``n``)."""
@@ -144,6 +167,10 @@ class NGramDrafter:
         for token in new_tokens:
             follow = len(tokens)  # the position of `token`: every n-gram ending just before it now has a follower
             tokens.append(token)
+            undo = []
             for n, index in self._index.items():
                 if follow >= n:
-                    index[tuple(tokens[follow - n : follow])] = follow
+                    key = tuple(tokens[follow - n : follow])
+                    undo.append((n, key, index.get(key)))
+                    index[key] = follow
+            self._undo.append(undo)

@@ -18,6 +18,7 @@ import numpy as np
 
 from agent.errors import FleetBusyError, PeerUnavailableError, ProtocolError, RingError, SessionFailedError
 from agent.head.sampling import SamplingParams
+from agent.head.targets import ignore_unawaited_failure
 from agent.runtime.readout import StepOutput
 from agent.runtime.session import StageSession
 from agent.runtime.stage import CompiledStage
@@ -170,21 +171,48 @@ class RingSession:
         self._closed = False
         self._step = 0
         self._logical = 0
-        self._pending: asyncio.Future[Frame] | None = None
+        # Steps sent and not yet answered, oldest first: the stages answer a session's steps in order.
+        self._pending: dict[int, tuple[asyncio.Future[StepOutput], int]] = {}
         self._failure: RingError | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
 
     def _deliver(self, frame: Frame) -> None:
-        if self._pending is not None and not self._pending.done():
-            self._pending.set_result(frame)
+        if not self._pending:
+            return
+        oldest = next(iter(self._pending))
+        future, count = self._pending.pop(oldest)
+        if frame.step != oldest:
+            error = SessionFailedError(f"result for step {frame.step} arrived where {oldest} was due")
+            future.set_exception(error)
+            self._fail(error)
+            return
+        self.bytes_received += len(frame.payload)
+        try:
+            future.set_result(StepOutput.from_frame(frame, self.client.manifest.arch.vocab_size, count))
+        except ProtocolError as exc:
+            future.set_exception(exc)
+            self._fail(SessionFailedError(f"bad result for step {frame.step}: {exc}"))
 
     def _fail(self, error: RingError) -> None:
         self._failure = error
-        if self._pending is not None and not self._pending.done():
-            self._pending.set_exception(error)
+        pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(error)
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
+        return await (await self.submit(ids, rewind, last_only))
+
+    def useful_depth(self) -> int:
+        """One step in flight per stage, shared among this head's open sessions: with as many sessions
+        as stages the ring is already full, and a deeper pipeline would only queue drafts that may be void."""
+        stages = len(self.client.manifest.stages)
+        return max(1, stages // max(1, len(self.client._sessions)))
+
+    async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
+        """Send one step now; the returned future holds its readout. Steps may be submitted before earlier
+        ones are answered (pipelined speculation): the stages run a session's steps in order."""
         if self._failure is not None:
             raise self._failure
         if self._closed:
@@ -194,24 +222,26 @@ class RingSession:
             await self.client.send_first(request.to_frame(self.id))
             self._opened = True
         position = self._logical - rewind
-        fields = {"session": self.id, "step": self._step, "position": position, "count": len(ids),
+        if position < 0:
+            raise RingError(f"cannot rewind {rewind} of {self._logical} positions")
+        step = self._step
+        fields = {"session": self.id, "step": step, "position": position, "count": len(ids),
                   "rewind": rewind, "flags": StepFlags.LAST_ONLY if last_only else StepFlags.NONE}
+        # Step number, positions and place in the answer queue are claimed before the first await, so a
+        # step submitted meanwhile comes after this one.
+        self._step += 1
+        self._logical = position + len(ids)
+        future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(ignore_unawaited_failure)
+        self._pending[step] = (future, len(ids))
         if self._local:
             hidden = await self.client.run_local(self._run_local, ids, rewind, position)
             frame = Frame.tensor(FrameType.STEP, hidden, **fields)
         else:
             frame = Frame.tensor(FrameType.STEP, np.asarray([ids], dtype=np.int32), **fields)
-        self._pending = asyncio.get_running_loop().create_future()
         self.bytes_sent += len(frame.payload) if isinstance(frame.payload, bytes) else frame.payload.nbytes
         await self.client.send_first(frame)
-        result = await self._pending
-        self._pending = None
-        if result.step != self._step:
-            raise SessionFailedError(f"result for step {result.step} arrived during step {self._step}")
-        self.bytes_received += len(result.payload)
-        self._step += 1
-        self._logical = position + len(ids)
-        return StepOutput.from_frame(result, self.client.manifest.arch.vocab_size, len(ids))
+        return future
 
     def _run_local(self, ids: list[int], rewind: int, position: int) -> np.ndarray:
         positions = np.arange(position, position + len(ids), dtype=np.int64)[None]

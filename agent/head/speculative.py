@@ -50,15 +50,19 @@ class Verdict:
     tokens: list[int]  # the tokens to emit this step: the accepted drafts, then one token from the target
 
 
-def verify_greedy(draft: Sequence[int], target_top1: Sequence[int]) -> Verdict:
-    """Keep drafts while they equal the target's argmax; ``target_top1`` has ``len(draft) + 1`` entries."""
+def verify_greedy(draft: Sequence[int], target_top1: Sequence[int], *, bonus: bool = True) -> Verdict:
+    """Keep drafts while they equal the target's argmax; ``target_top1`` has ``len(draft) + 1`` entries.
+
+    ``bonus=False``: when every draft is kept, emit no token after them (more drafts follow in flight,
+    judged by the last entry).
+    """
     if len(target_top1) != len(draft) + 1:
         raise ValueError(f"{len(draft)} drafted tokens need {len(draft) + 1} target tokens, got {len(target_top1)}")
     accepted = 0
     while accepted < len(draft) and int(draft[accepted]) == int(target_top1[accepted]):
         accepted += 1
-    tokens = [int(t) for t in target_top1[: accepted + 1]]
-    return Verdict(accepted, tokens)
+    emitted = accepted + 1 if bonus or accepted < len(draft) else accepted
+    return Verdict(accepted, [int(t) for t in target_top1[:emitted]])
 
 
 def verify_sampled(
@@ -66,8 +70,13 @@ def verify_sampled(
     draft_dists: Sequence[SparseDistribution] | None,
     target_dists: Sequence[SparseDistribution],
     rng: np.random.Generator,
+    *,
+    bonus: bool = True,
 ) -> Verdict:
-    """Speculative sampling; ``draft_dists=None`` means a deterministic drafter (``q`` one-hot on the draft)."""
+    """Speculative sampling; ``draft_dists=None`` means a deterministic drafter (``q`` one-hot on the draft).
+
+    ``bonus=False``: when every draft is kept, draw no token after them (more drafts follow in flight).
+    """
     if len(target_dists) != len(draft) + 1:
         raise ValueError(
             f"{len(draft)} drafted tokens need {len(draft) + 1} target distributions, got {len(target_dists)}"
@@ -90,7 +99,8 @@ def verify_sampled(
         ids, weights = _residual(p, q, x)
         tokens.append(draw(ids, weights, rng))
         return Verdict(i, tokens)
-    tokens.append(target_dists[len(draft)].sample(rng))
+    if bonus:
+        tokens.append(target_dists[len(draft)].sample(rng))
     return Verdict(len(draft), tokens)
 
 

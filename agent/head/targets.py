@@ -17,11 +17,28 @@ from agent.runtime.pipeline import PipelineSession
 from agent.runtime.readout import StepOutput, read_out
 
 
+def ignore_unawaited_failure(future: asyncio.Future[StepOutput]) -> None:
+    """Done callback for a submitted step: a step whose answer nobody awaits any more (its drafts were
+    rejected) must not log "exception never retrieved" when the session fails."""
+    if not future.cancelled():
+        future.exception()
+
+
 class Target(Protocol):
     """One session of the target model, stepped asynchronously."""
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
         """Forget ``rewind`` earlier positions, feed ``ids``; the readout at every (or the last) position."""
+        ...
+
+    async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
+        """Start :meth:`step` and return its pending readout at once: steps run in submission order, so a
+        loop may send the next step before the answer to this one (pipelined speculation)."""
+        ...
+
+    def useful_depth(self) -> int:
+        """How many steps of this session in flight keep the target's stages busy without making other
+        sessions wait: more than one only where stages would otherwise idle during a round trip."""
         ...
 
     async def close(self) -> None: ...
@@ -34,6 +51,7 @@ class LocalTarget:
         self._session = session
         self._params = params
         self._executor = executor
+        self._order = asyncio.Lock()  # FIFO: submitted steps run one after the other, in order
 
     def _run(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
         self._session.rewind(rewind)
@@ -41,7 +59,22 @@ class LocalTarget:
         return read_out(logits, self._params, last_only)
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, ids, rewind, last_only)
+        return await (await self.submit(ids, rewind, last_only))
+
+    async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
+        loop = asyncio.get_running_loop()
+
+        async def run() -> StepOutput:
+            async with self._order:
+                return await loop.run_in_executor(self._executor, self._run, ids, rewind, last_only)
+
+        task = loop.create_task(run())
+        task.add_done_callback(ignore_unawaited_failure)
+        return task
+
+    def useful_depth(self) -> int:
+        return 1  # the stages run one after another in this process: nothing to overlap
 
     async def close(self) -> None:
-        self._session.reset()
+        async with self._order:  # after the steps still in flight
+            self._session.reset()

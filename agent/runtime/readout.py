@@ -30,6 +30,20 @@ class StepOutput:
     def positions(self) -> int:
         return len(self.top1) if self.top1 is not None else len(self.dists or ())
 
+    def last(self) -> StepOutput:
+        """The answer at the last position only."""
+        if self.top1 is not None:
+            return StepOutput(top1=self.top1[-1:])
+        return StepOutput(dists=(self.dists or [])[-1:])
+
+    def after(self, earlier: StepOutput) -> StepOutput:
+        """``earlier``'s positions followed by this one's (both greedy or both sampled)."""
+        if self.top1 is not None and earlier.top1 is not None:
+            return StepOutput(top1=np.concatenate([earlier.top1, self.top1]))
+        if self.dists is not None and earlier.dists is not None:
+            return StepOutput(dists=[*earlier.dists, *self.dists])
+        raise ValueError("cannot join a greedy answer with a sampled one")
+
     def to_frame(self, session: int, step: int) -> Frame:
         if self.top1 is not None:
             return Frame.tensor(FrameType.RESULT, self.top1.astype(np.int32), session=session, step=step,

@@ -46,12 +46,14 @@ def _client(folder: Path, ring: list[AgentProcess], identity: NodeIdentity) -> R
 
 
 async def _generate(client: RingClient, prompt: list[int], params: SamplingParams = GREEDY, drafter: object = None,
-                    k: int | None = None, n: int = N_TOKENS, stats: DecodeStats | None = None) -> list[int]:
+                    k: int | None = None, n: int = N_TOKENS, stats: DecodeStats | None = None,
+                    depth: int = 1, continue_above: float = 0.7) -> list[int]:
     session = client.session(params)
     try:
         return [t async for t in decode(session, prompt, max_tokens=n, stop_ids=frozenset(), params=params,
                                         context_tokens=client.manifest.context_tokens, drafter=drafter,  # type: ignore[arg-type]
-                                        k_policy=AdaptiveK(fixed=k), stats=stats)]
+                                        k_policy=AdaptiveK(fixed=k), stats=stats, depth=depth,
+                                        continue_above=continue_above)]
     finally:
         await session.close()
 
@@ -121,6 +123,34 @@ def test_speculative_decoding_is_token_exact(
     assert stats.drafted > 0, "the drafter never drafted: speculation was not exercised"
     for prompt, spec, plain in zip(PROMPTS, tokens, pipeline_tokens, strict=True):
         assert spec == plain, f"{drafter}: speculative tokens differ from greedy decoding on {prompt!r}"
+
+
+def test_pipelined_speculation_is_token_exact(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+    pipeline_tokens: list[list[int]],
+) -> None:
+    """Up to three steps of one session in flight through three agents, drafts continued past unjudged ones."""
+    folder = exported(3, "fp32")
+    manifest = Manifest.load(folder)
+    stats = DecodeStats()
+
+    async def run() -> list[list[int]]:
+        client = _client(folder, ring3, fleet.identity("head"))
+        await client.connect()
+        try:
+            # continue_above=0: every draft is continued, so continuations are judged as well as voided
+            return [await _generate(client, ids, stats=stats, depth=3, continue_above=0.0,
+                                    drafter=make_drafter("ngram", folder, manifest, GREEDY, RuntimeConfig()))
+                    for ids in chat_ids]
+        finally:
+            await client.close()
+
+    tokens = asyncio.run(run())
+    print(f"\npipelined: {stats.continued} steps sent behind unjudged ones, {stats.voided} of them void; "
+          f"acceptance {stats.acceptance:.1%}")
+    assert stats.continued > stats.voided, "no continuation was ever judged: pipelining was not exercised"
+    for prompt, spec, plain in zip(PROMPTS, tokens, pipeline_tokens, strict=True):
+        assert spec == plain, f"pipelined speculative tokens differ from greedy decoding on {prompt!r}"
 
 
 def test_concurrent_sessions_from_two_heads_match_alone(
@@ -266,11 +296,13 @@ def test_in_process_target_and_ring_sample_identically(
     assert asyncio.run(ring()) == asyncio.run(local())
 
 
+@pytest.mark.parametrize("depth", [1, 2])
 def test_head_holding_stage_zero_runs_it_in_process(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    depth: int, ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
     chat_ids: list[list[int]], pipeline_tokens: list[list[int]],
 ) -> None:
-    """The head computes stage 0 itself and sends hidden states to the agent of stage 1."""
+    """The head computes stage 0 itself and sends hidden states to the agent of stage 1 (one step at a
+    time, or pipelined: the next step's stage 0 runs while the agents work on the one before)."""
     from agent.runtime.stage import CompiledStage
 
     folder = exported(3, "fp32")
@@ -283,8 +315,8 @@ def test_head_holding_stage_zero_runs_it_in_process(
                             local_stages=[stage0], executor=ThreadPoolExecutor(1))
         await client.connect()
         try:
-            return await _generate(client, chat_ids[3], drafter=make_drafter("ngram", folder, manifest, GREEDY,
-                                                                             RuntimeConfig()))
+            return await _generate(client, chat_ids[3], depth=depth,
+                                   drafter=make_drafter("ngram", folder, manifest, GREEDY, RuntimeConfig()))
         finally:
             await client.close()
 

@@ -140,3 +140,20 @@ def test_truncated_keeps_evidence_and_distributions() -> None:
     draft = Draft([1, 2, 3], None, evidence=3)
     assert draft.truncated(2) == Draft([1, 2], None, evidence=3)
     assert draft.truncated(0).tokens == []
+
+
+def test_drafting_past_the_context_then_rejecting_matches_the_definition() -> None:
+    """Pipelined speculation looks drafts up past the final context, then keeps some of them: the index
+    must forget the rest exactly (undone, not rebuilt) and keep matching the brute-force definition."""
+    rng = np.random.default_rng(7)
+    drafter = NGramDrafter(max_ngram=4)
+    context: list[int] = rng.integers(0, 5, size=12).tolist()
+    for _ in range(200):
+        drafter.commit(len(context))  # everything so far is final
+        speculative = context + rng.integers(0, 5, size=int(rng.integers(1, 6))).tolist()
+        k = int(rng.integers(1, 5))
+        assert drafter.propose(speculative, k).tokens == _brute_force(speculative, k, 4, 1)
+        kept = int(rng.integers(len(context), len(speculative) + 1))
+        drafter.commit(kept)
+        context = speculative[:kept] + rng.integers(0, 5, size=int(rng.integers(0, 3))).tolist()
+        assert drafter.propose(context, k).tokens == _brute_force(context, k, 4, 1)

@@ -1,0 +1,169 @@
+"""The generation loop with several steps of one session in flight (pipelined speculation).
+
+A scripted target answers from the tokens it holds, rewinds included, so a loop that feeds or rewinds
+the wrong positions produces other tokens; outputs must equal plain decoding at every depth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from agent.head.adaptive_k import AdaptiveK
+from agent.head.decode import DecodeStats, decode
+from agent.head.distribution import SparseDistribution
+from agent.head.drafters import Draft, NGramDrafter
+from agent.head.sampling import SamplingParams
+from agent.runtime.readout import StepOutput
+
+VOCAB = 12
+
+
+def _next_greedy(prefix: Sequence[int]) -> int:
+    """A model that mostly repeats itself with period 7 and breaks the pattern now and then."""
+    n = len(prefix)
+    if n < 7:
+        return (3 * n + 1) % VOCAB
+    return (prefix[-7] + (1 if n % 11 == 0 or n % 17 == 3 else 0)) % VOCAB
+
+
+def _dist_at(position: int) -> np.ndarray:
+    """A context-free sampling target that alternates between two distributions by position parity."""
+    base = np.arange(1, VOCAB + 1, dtype=np.float64)
+    p = base if position % 2 == 0 else base[::-1].copy()
+    return p / p.sum()
+
+
+class ScriptedTarget:
+    """Holds a token list like a stage holds its cache: rewinds drop the tail, steps append."""
+
+    def __init__(self, sampled: bool = False) -> None:
+        self.held: list[int] = []
+        self.sampled = sampled
+        self.submitted = 0
+        self.max_in_flight = 0
+        self._in_flight = 0
+
+    def _answer(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
+        if rewind > len(self.held):
+            raise AssertionError(f"rewind {rewind} past {len(self.held)} held tokens")
+        del self.held[len(self.held) - rewind :]
+        start = len(self.held)
+        self.held.extend(ids)
+        positions = range(start, len(self.held))
+        if last_only:
+            positions = positions[-1:]
+        if self.sampled:
+            return StepOutput(dists=[SparseDistribution.from_probs(_dist_at(p + 1)) for p in positions])
+        return StepOutput(top1=np.array([_next_greedy(self.held[: p + 1]) for p in positions], dtype=np.int32))
+
+    async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
+        return await (await self.submit(ids, rewind, last_only))
+
+    async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
+        answer = self._answer(ids, rewind, last_only)  # steps run in submission order, as on the stages
+        self.submitted += 1
+        self._in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[StepOutput] = loop.create_future()
+
+        def deliver() -> None:
+            self._in_flight -= 1
+            future.set_result(answer)
+
+        loop.call_soon(deliver)
+        return future
+
+    def useful_depth(self) -> int:
+        return 8
+
+    async def close(self) -> None:
+        pass
+
+
+class AlwaysDrafter:
+    """Drafts the same token K times, believed fully: every continuation is sent."""
+
+    blocking = False
+    drafts_cheaply = True
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        return Draft([0] * k, evidence=None)
+
+    def commit(self, context_len_kept: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class NoisyOracleDrafter(AlwaysDrafter):
+    """Drafts the scripted model's own continuation, wrong at every fifth position."""
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        known = list(context)
+        for _ in range(k):
+            known.append((_next_greedy(known) + (1 if len(known) % 5 == 0 else 0)) % VOCAB)
+        return Draft(known[len(context):], evidence=None)
+
+
+def _run(target: ScriptedTarget, prompt: list[int], n: int, params: SamplingParams, drafter: object | None,
+         depth: int, stats: DecodeStats | None = None, continue_above: float = 0.0) -> list[int]:
+    async def go() -> list[int]:
+        return [t async for t in decode(target, prompt, max_tokens=n, stop_ids=frozenset(), params=params,
+                                        context_tokens=4096, drafter=drafter,  # type: ignore[arg-type]
+                                        k_policy=AdaptiveK(k_max=6, k_initial=3), depth=depth, stats=stats,
+                                        continue_above=continue_above)]
+
+    return asyncio.run(go())
+
+
+def _plain(prompt: list[int], n: int) -> list[int]:
+    context = list(prompt)
+    for _ in range(n):
+        context.append(_next_greedy(context))
+    return context[len(prompt):]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("drafter", ["ngram", "oracle"])
+def test_greedy_tokens_equal_plain_decoding_at_every_depth(depth: int, drafter: str) -> None:
+    prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
+    target = ScriptedTarget()
+    stats = DecodeStats()
+    made = NGramDrafter() if drafter == "ngram" else NoisyOracleDrafter()
+    out = _run(target, prompt, 150, SamplingParams(), made, depth, stats)
+    assert out == _plain(prompt, 150)
+    assert 0 < stats.accepted < stats.drafted  # drafts were both kept and rejected
+    # as deep as allowed; steps voided by a rejection may still be on their way while new ones go out
+    assert depth <= target.max_in_flight <= 2 * depth - 1
+    assert len(target.held) >= len(prompt) + 149  # every kept token is held; the last one was never fed
+
+
+def test_continuations_wait_for_enough_belief() -> None:
+    prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
+    target = ScriptedTarget()
+    out = _run(target, prompt, 60, SamplingParams(), AlwaysDrafter(), depth=3, continue_above=1.01)
+    assert out == _plain(prompt, 60)
+    assert target.max_in_flight == 1
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_sampled_tokens_follow_the_target_when_pipelined(depth: int) -> None:
+    """Drafts of token 0 are judged against the distribution of their own position: a loop that judges a
+    continuation's first draft with the wrong answer row mixes the two alternating distributions up."""
+    counts = {0: np.zeros(VOCAB), 1: np.zeros(VOCAB)}
+    prompt = [5, 5, 5]
+    for seed in range(60):
+        target = ScriptedTarget(sampled=True)
+        out = _run(target, prompt, 60, SamplingParams(temperature=1.0, seed=seed), AlwaysDrafter(), depth)
+        for i, token in enumerate(out):
+            counts[(len(prompt) + i) % 2][token] += 1
+    for parity, observed in counts.items():
+        expected = _dist_at(parity) * observed.sum()
+        assert chisquare(observed, expected).pvalue > 1e-4, (parity, observed)
