@@ -130,12 +130,16 @@ class AdaptiveK:
         return k
 
     def record(self, k: int, accepted: int, step_seconds: float, draft_seconds: float,
-               evidence: int | None = None) -> None:
+               evidence: int | None = None, *, timed: bool = True) -> None:
         """One finished step: ``k`` drafted, ``accepted`` kept, in ``step_seconds`` of wall time.
 
         ``step_seconds`` is the whole step, drafting included (it is what K trades against);
         ``draft_seconds`` is the drafting part of it, checked and summed in ``draft_seconds_total`` for
-        diagnostics only: the line ``a + b k`` already charges drafting to ``b``.
+        diagnostics only: the line ``a + b k`` already charges drafting to ``b``. ``timed=False``: the
+        step's time is not what its k cost (the first step after a prompt queues behind the prefills of
+        sessions that started with it, and a draft model's first step includes its own prefill): its
+        acceptance counts, its time stays out of the line, where one such point would fix the slope
+        for a whole window.
         """
         if not 0 <= accepted <= k:
             raise ValueError(f"accepted must be in 0..k, got {accepted} of {k}")
@@ -143,7 +147,8 @@ class AdaptiveK:
             raise ValueError("step and draft times must be finite and >= 0")
         self._steps += 1
         self.draft_seconds_total += draft_seconds
-        self._times.append((k, step_seconds))
+        if timed:
+            self._times.append((k, step_seconds))
         if k > 0:  # a step with nothing drafted says nothing about acceptance
             rejected = 1.0 if accepted < k else 0.0
             self._accepts = self.memory * self._accepts + accepted

@@ -134,6 +134,7 @@ async def decode(
     new_tokens = [_pick(first, rng, params)]
     rewind = 0
     produced = 0  # not stats.tokens: one stats object may add up several generations
+    judged_steps = 0
     in_flight: deque[_InFlight] = deque()
     carry: StepOutput | None = None  # the answer at the last position judged: it judges the next step's first draft
     while True:
@@ -183,7 +184,8 @@ async def decode(
         if drafter is not None:
             drafter.commit(len(context) + verdict.accepted)
             policy.record(len(step.draft.tokens), verdict.accepted, done - step.started,
-                          step.drafted_at - step.started, step.draft.evidence)
+                          step.drafted_at - step.started, step.draft.evidence, timed=judged_steps > 0)
+        judged_steps += 1
         stats.steps += 1
         stats.drafted += len(step.draft.tokens)
         stats.accepted += verdict.accepted

@@ -137,3 +137,18 @@ def test_each_evidence_class_keeps_its_own_acceptance() -> None:
     assert controller.best_k(1) <= 1  # one draft is nearly free next to a 200 ms round trip
     # an unseen class starts from the pooled estimate
     assert controller.alpha_for(3) == pytest.approx(controller.alpha)
+
+
+def test_an_untimed_step_counts_for_acceptance_but_not_for_the_cost_line() -> None:
+    """A first step that queued behind another session's prefill must not make drafting look expensive."""
+    timed, untimed = AdaptiveK(explore_every=0), AdaptiveK(explore_every=0)
+    for controller, is_timed in ((timed, True), (untimed, False)):
+        controller.record(4, 4, 0.200, 0.0, timed=is_timed)  # 4 positions "took" 200 ms: mostly waiting
+        for _ in range(10):
+            controller.record(1, 1, 0.030, 0.0)
+            controller.record(2, 2, 0.031, 0.0)
+    assert untimed.alpha == timed.alpha
+    a, b = untimed.cost_model()  # type: ignore[misc]
+    assert b == pytest.approx(0.001) and a == pytest.approx(0.029)
+    assert timed.cost_model()[1] > 0.01  # type: ignore[index]
+    assert untimed.best_k() > timed.best_k()

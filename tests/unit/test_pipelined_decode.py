@@ -167,3 +167,20 @@ def test_sampled_tokens_follow_the_target_when_pipelined(depth: int) -> None:
     for parity, observed in counts.items():
         expected = _dist_at(parity) * observed.sum()
         assert chisquare(observed, expected).pvalue > 1e-4, (parity, observed)
+
+
+def test_the_first_step_after_the_prompt_is_not_timed() -> None:
+    flags: list[bool] = []
+
+    class SpyK(AdaptiveK):
+        def record(self, *args: object, timed: bool = True, **kwargs: object) -> None:
+            flags.append(timed)
+            super().record(*args, timed=timed, **kwargs)  # type: ignore[arg-type]
+
+    async def go() -> list[int]:
+        return [t async for t in decode(ScriptedTarget(), [1, 2, 3, 1, 2], max_tokens=20, stop_ids=frozenset(),
+                                        params=SamplingParams(), context_tokens=4096, drafter=NGramDrafter(),
+                                        k_policy=SpyK())]
+
+    asyncio.run(go())
+    assert flags[0] is False and all(flags[1:]) and len(flags) > 3
