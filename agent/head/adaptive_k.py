@@ -108,7 +108,10 @@ class AdaptiveK:
             return self.fixed
         cost = self.cost_model()
         if cost is None:
-            return self.k_initial
+            if not self._steps:
+                return self.k_initial
+            # Acceptance already measured, no step timed yet: only b/a matters, so take the prior ratio.
+            cost = (1.0, self.prior_cost_ratio)
         a, b = cost
         alpha = self.alpha_for(evidence)
         ks = np.arange(self.k_max + 1, dtype=np.float64)

@@ -152,3 +152,12 @@ def test_an_untimed_step_counts_for_acceptance_but_not_for_the_cost_line() -> No
     assert b == pytest.approx(0.001) and a == pytest.approx(0.029)
     assert timed.cost_model()[1] > 0.01  # type: ignore[index]
     assert untimed.best_k() > timed.best_k()
+
+
+def test_acceptance_counts_before_any_step_is_timed() -> None:
+    """After an untimed first step that kept nothing, K follows the low acceptance, not ``k_initial``."""
+    controller = AdaptiveK(explore_every=0, k_initial=4)
+    assert controller.best_k() == 4
+    controller.record(4, 0, 0.3, 0.0, timed=False)
+    assert controller.cost_model() is None
+    assert controller.best_k() < 4
