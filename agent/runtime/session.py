@@ -14,15 +14,30 @@ import openvino as ov
 from shards.errors import RuntimeStageError
 from shards.manifest import LOGITS_INDEX
 
+# A step this long is a prompt (or a new chat turn), never a speculative step (K <= 16 drafts + 1).
+PREFILL_MIN_POSITIONS = 18
+
+
+def _copy_state(source: ov.InferRequest, target: ov.InferRequest) -> None:
+    """Move a session's KV cache between two compilations of one graph (same variables, same layout)."""
+    states = {state.name: state for state in source.query_state()}
+    for state in target.query_state():
+        state.state = states[state.name].state
+
 
 class StageSession:
     """A per-session InferRequest plus the physical mask of its cache."""
 
     def __init__(self, request: ov.InferRequest, input_name: str, output: ov.Output, *,
-                 holds_head: bool = False, selects_positions: bool = False) -> None:
+                 holds_head: bool = False, selects_positions: bool = False,
+                 prefill: tuple[ov.InferRequest, ov.Output] | None = None,
+                 prefill_min_positions: int = PREFILL_MIN_POSITIONS) -> None:
         """``holds_head``: the graph ends in logits; ``selects_positions``: it also takes ``logits_index``
-        (a head graph of format 2 on)."""
+        (a head graph of format 2 on); ``prefill``: a request (and its output) of the same graph compiled
+        for long steps, which steps of at least ``prefill_min_positions`` run on, the KV state moved across."""
         self._request = request
+        self._prefill = prefill
+        self._prefill_min = prefill_min_positions
         self._input_name = input_name
         self._output = output
         self._holds_head = holds_head
@@ -71,11 +86,18 @@ class StageSession:
         }
         if self._selects_positions:
             feed[LOGITS_INDEX] = np.arange(n - 1 if last_only else 0, n, dtype=np.int64)
+        request, output = self._request, self._output
+        if self._prefill is not None and n >= self._prefill_min:
+            request, output = self._prefill
+            if self._physical:
+                _copy_state(self._request, request)
         # share_outputs: the caller reads the output tensor below; skip the copy into a dict
-        self._request.infer(feed, share_inputs=True, share_outputs=True)
+        request.infer(feed, share_inputs=True, share_outputs=True)
+        if request is not self._request:
+            _copy_state(request, self._request)
         self._physical = end
         self._logical += n
-        out = self._request.get_tensor(self._output).data
+        out = request.get_tensor(output).data
         return out[:, -1:] if last_only and self._holds_head and not self._selects_positions else out
 
     def rewind(self, n: int) -> None:
@@ -91,6 +113,8 @@ class StageSession:
     def reset(self) -> None:
         """Drop the whole KV state (a new conversation)."""
         self._request.reset_state()
+        if self._prefill is not None:
+            self._prefill[0].reset_state()
         self._mask[:] = 0
         self._physical = 0
         self._logical = 0

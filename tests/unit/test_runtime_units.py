@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from agent.head.sampling import Sampler, SamplingParams
-from agent.runtime.stage import RuntimeConfig, choose_device, compile_properties
+from agent.runtime.stage import RuntimeConfig, choose_device, compile_properties, splits_prefill
 from shards.errors import RuntimeStageError, ShoalError
 
 
@@ -33,10 +33,27 @@ def test_float_exports_compile_exact() -> None:
     props = compile_properties("CPU", "fp32", RuntimeConfig(threads=1))
     assert props["INFERENCE_PRECISION_HINT"] == "f32" and props["KV_CACHE_PRECISION"] == "f32"
     assert props["INFERENCE_NUM_THREADS"] == "1"
-    assert "INFERENCE_PRECISION_HINT" not in compile_properties("CPU", "int4", RuntimeConfig())
+    assert compile_properties("GPU.0", "fp32", RuntimeConfig())["INFERENCE_PRECISION_HINT"] == "f32"
     assert compile_properties("GPU.0", "int4", RuntimeConfig(precision="f16"))["INFERENCE_PRECISION_HINT"] == "f16"
     with pytest.raises(RuntimeStageError):
         RuntimeConfig(precision="f8")
+
+
+def test_compressed_exports_on_the_cpu_decode_with_f32_activations() -> None:
+    """int4/int8 on the CPU: f32 activations quantized on the fly (no KV or dynamic-quantization overrides);
+    long steps get a second compilation in the plugin's default precision only when asked for."""
+    decode = compile_properties("CPU", "int4", RuntimeConfig())
+    assert decode["INFERENCE_PRECISION_HINT"] == "f32"
+    assert "KV_CACHE_PRECISION" not in decode and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in decode
+    assert not splits_prefill("CPU", "int4", RuntimeConfig())
+    assert splits_prefill("CPU", "int8", RuntimeConfig(fast_prefill=True))
+    assert "INFERENCE_PRECISION_HINT" not in compile_properties("CPU", "int4", RuntimeConfig(), prefill=True)
+    # an explicit precision, another device or float weights: one compilation, as asked
+    assert not splits_prefill("CPU", "int4", RuntimeConfig(precision="bf16", fast_prefill=True))
+    assert compile_properties("CPU", "int4", RuntimeConfig(precision="bf16"))["INFERENCE_PRECISION_HINT"] == "bf16"
+    assert not splits_prefill("GPU.0", "int4", RuntimeConfig(fast_prefill=True))
+    assert "INFERENCE_PRECISION_HINT" not in compile_properties("GPU.0", "int4", RuntimeConfig())
+    assert not splits_prefill("CPU", "fp32", RuntimeConfig(fast_prefill=True))
 
 
 def test_greedy_picks_argmax() -> None:
