@@ -156,8 +156,8 @@ async def decode(
             answer = await target.submit([context[-1], *draft.tokens], rewind, last_only=False)
             in_flight.append(_InFlight(answer, draft, True, k, begun, drafted_at))
             rewind = 0
-        while len(in_flight) < min(depth, target.useful_depth()):
-            ahead = [t for step in in_flight for t in step.draft.tokens]
+        while len(in_flight) < depth and len(in_flight) < target.useful_depth():
+            ahead = [t for sent in in_flight for t in sent.draft.tokens]
             if not in_flight[-1].draft.tokens or len(ahead) >= room:
                 break
             begun = clock()
@@ -172,7 +172,10 @@ async def decode(
         step = in_flight.popleft()
         output = await step.answer
         done = clock()
-        judged = output if step.leads else output.after(carry) if carry is not None else output
+        judged = output
+        if not step.leads:
+            assert carry is not None  # a continuation always follows a judged step
+            judged = output.after(carry)
         verdict = _verify(step.draft, judged, rng, params, bonus=not in_flight)
         rejected = len(step.draft.tokens) - verdict.accepted
         if rejected:
@@ -180,7 +183,7 @@ async def decode(
             rewind = rejected + sum(len(s.draft.tokens) for s in in_flight)
             stats.voided += len(in_flight)
             in_flight.clear()
-        carry = output.last()
+        carry = output.last() if in_flight else None
         if drafter is not None:
             drafter.commit(len(context) + verdict.accepted)
             policy.record(len(step.draft.tokens), verdict.accepted, done - step.started,

@@ -96,6 +96,11 @@ class RingClient:
             except ProtocolError as exc:
                 raise RingError(f"{what} {address[0]}:{address[1]}: {exc}") from exc
 
+    @property
+    def open_sessions(self) -> int:
+        """This head's sessions on the ring that have not been closed."""
+        return len(self._sessions)
+
     def session(self, params: SamplingParams) -> RingSession:
         """A new conversation (its state on the stages is created by the first step)."""
         if self._first is None:
@@ -208,7 +213,7 @@ class RingSession:
         """One step in flight per stage, shared among this head's open sessions: with as many sessions
         as stages the ring is already full, and a deeper pipeline would only queue drafts that may be void."""
         stages = len(self.client.manifest.stages)
-        return max(1, stages // max(1, len(self.client._sessions)))
+        return max(1, stages // max(1, self.client.open_sessions))
 
     async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
         """Send one step now; the returned future holds its readout. Steps may be submitted before earlier

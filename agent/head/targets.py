@@ -59,16 +59,11 @@ class LocalTarget:
         return read_out(logits, self._params, last_only)
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
-        return await (await self.submit(ids, rewind, last_only))
+        async with self._order:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, ids, rewind, last_only)
 
     async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
-        loop = asyncio.get_running_loop()
-
-        async def run() -> StepOutput:
-            async with self._order:
-                return await loop.run_in_executor(self._executor, self._run, ids, rewind, last_only)
-
-        task = loop.create_task(run())
+        task = asyncio.get_running_loop().create_task(self.step(ids, rewind, last_only))
         task.add_done_callback(ignore_unawaited_failure)
         return task
 

@@ -85,18 +85,17 @@ def compile_properties(device: str, weights: str, config: RuntimeConfig, *, pref
         props["CACHE_DIR"] = str(config.cache_dir)
     if device == "CPU" and config.threads:
         props["INFERENCE_NUM_THREADS"] = str(config.threads)
-    precision = config.precision
     if _quantizes_on_the_fly(device, weights, config) and not prefill:
-        precision = "f32-dynamic"
+        # f32 activations: the plugin then quantizes them to int8 on the fly (its default) for int8 kernels
+        props["INFERENCE_PRECISION_HINT"] = "f32"
+        return props
+    precision = config.precision
     if weights in ("fp32", "fp16"):
         # Float exports must reproduce the float reference: by default the CPU plugin computes in
         # bf16 where the CPU has it and keeps the KV cache in u8 (logits then drift by ~0.3 from
         # the second step on). Measured here with OpenVINO 2026.4: float weights in bf16 on one
         # thread also crash the CPU plugin's compilation with SIGFPE.
         precision = "f32"
-    if precision == "f32-dynamic":
-        props["INFERENCE_PRECISION_HINT"] = "f32"  # activations quantized on the fly: the plugin's default
-        return props
     if precision != "auto":
         props["INFERENCE_PRECISION_HINT"] = precision
     if precision == "f32":
