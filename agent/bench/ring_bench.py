@@ -142,6 +142,8 @@ class RingSettings:
     agent_core: int
     prompt: str
     quiet_wait: float = 0.0
+    compact_rewind: bool = False
+    """Stages drop rejected drafts from the KV state instead of masking them (``RuntimeConfig``)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RingSettings:
@@ -193,6 +195,7 @@ class RingSettings:
             agent_core=agent_core,
             prompt=args.prompt or DEFAULT_PROMPT,
             quiet_wait=max(0.0, args.quiet_wait or 0.0),
+            compact_rewind=args.compact_rewind,
         )
 
     def tokens_for(self, latency: float) -> int:
@@ -240,6 +243,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--prompt", default=None, help="user message (default: add type hints to a 15-line function)")
     b.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
                    help="before each round, wait up to SECONDS for other processes to leave the machine (default 0)")
+    b.add_argument("--compact-rewind", action="store_true",
+                   help="the head and the agents drop rejected drafts from the KV cache instead of masking them")
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
 
@@ -376,10 +381,10 @@ class AgentProcess:
     """One ``shoal agent`` serving one stage, pinned to a core with taskset, one inference thread."""
 
     def __init__(self, export: Path, stage: int, identity: Path, core: int, cache_dir: Path, log: Path,
-                 next_address: tuple[str, int] | None) -> None:
+                 next_address: tuple[str, int] | None, compact_rewind: bool = False) -> None:
         command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "agent", str(export),
                    "--stage", str(stage), "--identity", str(identity), "--listen", "127.0.0.1:0", "--threads", "1",
-                   "--device", "CPU", "--no-verify"]
+                   "--device", "CPU", "--no-verify", *(["--compact-rewind"] if compact_rewind else [])]
         if next_address is not None:
             command += ["--next", f"{next_address[0]}:{next_address[1]}"]
         preexec = None
@@ -565,7 +570,7 @@ class Ring:
             agent = AgentProcess(self.exports.ring, index, identity.cert.parent, self.settings.agent_core,
                                  self.cache_dir,
                                  self.log_dir / f"{_slug(self.setup.model)}-{stages}stage-agent{index}.log",
-                                 addresses.get(index + 1))
+                                 addresses.get(index + 1), self.settings.compact_rewind)
             self.agents.insert(0, agent)
             _progress(f"{self.setup.label}: starting the agent of stage {index} on core {self.settings.agent_core}")
             direct = agent.wait_ready()
@@ -585,7 +590,8 @@ class Ring:
         self.identity = identity
         export = self.exports.ring
         self.manifest = Manifest.load(export)
-        config = RuntimeConfig(device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache")
+        config = RuntimeConfig(device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache",
+                               compact_rewind=self.settings.compact_rewind)
         _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
         stage0 = CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)
         self.client = RingClient(self.manifest, self.proxied[0], self.proxied[-1], client_context(identity),
@@ -1188,7 +1194,9 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         "of the first latency only (a fresh `openvino_genai.LLMPipeline` process per run, one thread). Aggregate "
         "tok/s excludes each user's first token; 2-user configurations are two concurrent sessions of the same "
         "prompt from the one head. Latency = one-way delay per hop added by a userspace proxy in front of each "
-        "agent's port (in the path at 0 ms too); N stages = N hops per ring token.",
+        "agent's port (in the path at 0 ms too); N stages = N hops per ring token."
+        + (" Stages drop rejected drafts from the KV state (`--compact-rewind`)." if settings.get("compact_rewind")
+           else ""),
         "",
         "Prompt (user message, chat template applied): " + json.dumps(settings["prompt"]),
         "",

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inference precision (f32: token-identical across stage splits, slower)")
     p.add_argument("--fast-prefill", action="store_true",
                    help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
+    p.add_argument("--compact-rewind", action="store_true",
+                   help="drop rejected drafts from the KV cache (a copy) instead of masking them: speculative "
+                        "greedy then equals plain greedy under the default precision")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
     p.add_argument("--drafter", choices=("auto", "none", "ngram", "draft"), default="auto",
                    help="speculative decoding: the export's draft graph, n-gram prompt lookup, or none "
@@ -99,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default=None)
     p.add_argument("--fast-prefill", action="store_true", default=None,
                    help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
+    p.add_argument("--compact-rewind", action="store_true", default=None,
+                   help="drop rejected drafts from the KV cache (a copy) instead of masking them")
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
     p.add_argument("--wire-dtype", choices=("f32", "f16"), default=None, help="hidden states on the wire")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")

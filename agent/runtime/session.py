@@ -3,7 +3,9 @@
 Speculative decoding feeds K draft tokens and then keeps only the accepted ones. Trimming an
 OpenVINO state costs a copy per call; instead the rejected positions stay in the cache and are
 masked out of ``attention_mask`` on every later step, while ``position_ids`` follow the logical
-length (the number of kept tokens). The result equals a trimmed cache, at no cost per rewind.
+length (the number of kept tokens). In f32 and bf16 the result equals a trimmed cache, at no cost per
+rewind. With activations quantized on the fly it does not quite (see ``RuntimeConfig.compact_rewind``):
+a session can then compact instead, copying the state without the rejected positions.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from shards.manifest import LOGITS_INDEX
 
 # A step this long is a prompt (or a new chat turn), never a speculative step (K <= 16 drafts + 1).
 PREFILL_MIN_POSITIONS = 18
+# KV variables of an exported stage are [batch, kv heads, positions, head size] (see shards/export).
+_KV_SEQUENCE_AXIS = 2
 
 
 def _copy_state(source: ov.InferRequest, target: ov.InferRequest) -> None:
@@ -31,10 +35,11 @@ class StageSession:
     def __init__(self, request: ov.InferRequest, input_name: str, output: ov.Output, *,
                  holds_head: bool = False, selects_positions: bool = False,
                  prefill: tuple[ov.InferRequest, ov.Output] | None = None,
-                 prefill_min_positions: int = PREFILL_MIN_POSITIONS) -> None:
+                 prefill_min_positions: int = PREFILL_MIN_POSITIONS, compact_rewind: bool = False) -> None:
         """``holds_head``: the graph ends in logits; ``selects_positions``: it also takes ``logits_index``
         (a head graph of format 2 on); ``prefill``: a request (and its output) of the same graph compiled
-        for long steps, which steps of at least ``prefill_min_positions`` run on, the KV state moved across."""
+        for long steps, which steps of at least ``prefill_min_positions`` run on, the KV state moved across;
+        ``compact_rewind``: rewinds drop positions from the state (a copy) instead of masking them."""
         self._request = request
         self._prefill = prefill
         self._prefill_min = prefill_min_positions
@@ -42,6 +47,7 @@ class StageSession:
         self._output = output
         self._holds_head = holds_head
         self._selects_positions = selects_positions
+        self._compact = compact_rewind
         self._mask = np.zeros((1, 256), dtype=np.int64)
         self._physical = 0
         self._logical = 0
@@ -106,8 +112,24 @@ class StageSession:
             raise RuntimeStageError(f"cannot rewind {n} of {self._logical} positions")
         if n == 0:
             return
+        if self._compact:
+            self._drop_last(n)
+            return
         kept = np.flatnonzero(self._mask[0, : self._physical])
         self._mask[0, kept[-n:]] = 0
+        self._logical -= n
+
+    def _drop_last(self, n: int) -> None:
+        """Cut the last ``n`` positions out of every KV variable (compacted sessions never hold masked ones)."""
+        keep = self._physical - n
+        for state in self._request.query_state():
+            kv = state.state.data
+            if kv.ndim != 4 or kv.shape[_KV_SEQUENCE_AXIS] != self._physical:
+                raise RuntimeStageError(f"KV variable {state.name} has shape {kv.shape}, expected "
+                                        f"[batch, heads, {self._physical}, head size]")
+            state.state = ov.Tensor(np.ascontiguousarray(kv[:, :, :keep]))
+        self._mask[0, keep : self._physical] = 0
+        self._physical = keep
         self._logical -= n
 
     def reset(self) -> None:

@@ -56,6 +56,15 @@ def test_compressed_exports_on_the_cpu_decode_with_f32_activations() -> None:
     assert not splits_prefill("CPU", "fp32", RuntimeConfig(fast_prefill=True))
 
 
+def test_compacted_sessions_keep_a_kv_cache_that_survives_the_copy() -> None:
+    """u8 KV would be quantized anew by every compaction: compact_rewind keeps f16 (f32 where asked)."""
+    assert compile_properties("CPU", "int4", RuntimeConfig(compact_rewind=True))["KV_CACHE_PRECISION"] == "f16"
+    assert compile_properties("CPU", "int4", RuntimeConfig(compact_rewind=True), prefill=True)[
+        "KV_CACHE_PRECISION"] == "f16"
+    assert compile_properties("CPU", "fp32", RuntimeConfig(compact_rewind=True))["KV_CACHE_PRECISION"] == "f32"
+    assert "KV_CACHE_PRECISION" not in compile_properties("GPU.0", "int4", RuntimeConfig(compact_rewind=True))
+
+
 def test_greedy_picks_argmax() -> None:
     logits = np.array([0.1, 3.0, -1.0, 2.9])
     assert Sampler(SamplingParams()).pick(logits) == 1
