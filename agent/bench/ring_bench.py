@@ -63,7 +63,7 @@ SPECULATIVE = frozenset({"pp+sd", "pp+sd+mb"})
 DEFAULT_SETUPS = (("qwen2.5-coder-1.5b", 2), ("smollm2", 2), ("smollm2", 3))
 DEFAULT_STAGES = {"smollm2": (2, 3)}
 DEFAULT_LATENCIES = (0.0, 10.0, 50.0, 100.0)
-DRAFTER_KINDS = ("ngram", "draft")
+DRAFTER_KINDS = ("ngram", "draft", "ngram+draft")
 SELF_DRAFT_LAYERS = 8
 DEFAULT_WARMUP_TOKENS = 8
 DEFAULT_DEPTH = 1
@@ -142,6 +142,8 @@ class RingSettings:
     agent_core: int
     prompt: str
     quiet_wait: float = 0.0
+    draft_model: str | None = None
+    """SOURCE of a separate draft model (a 1-stage export) for the model drafters; None: the self-draft."""
     compact_rewind: bool = False
     """Stages drop rejected drafts from the KV state instead of masking them (``RuntimeConfig``)."""
 
@@ -196,6 +198,7 @@ class RingSettings:
             prompt=args.prompt or DEFAULT_PROMPT,
             quiet_wait=max(0.0, args.quiet_wait or 0.0),
             compact_rewind=args.compact_rewind,
+            draft_model=args.draft_model,
         )
 
     def tokens_for(self, latency: float) -> int:
@@ -236,6 +239,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
                    help=f"speculative steps of a session in flight at once (default {DEFAULT_DEPTH}; 1: one at a time)")
     b.add_argument("--self-draft", type=int, default=SELF_DRAFT_LAYERS, metavar="N",
                    help=f"layers of the self-draft exported for the draft drafter (default {SELF_DRAFT_LAYERS})")
+    b.add_argument("--draft-model", default=None, metavar="SOURCE",
+                   help="a separate draft model instead of the self-draft (another tokenizer drafts through text)")
     b.add_argument("--warmup-tokens", type=int, default=None,
                    help=f"untimed tokens right before each run (default {DEFAULT_WARMUP_TOKENS})")
     b.add_argument("--head-core", type=int, default=None, help="core of the head and of mono (default: the first)")
@@ -290,7 +295,13 @@ def prepare_exports(settings: RingSettings, cache_dir: Path) -> dict[Setup, Setu
             out[setup] = SetupExports(ring=ring.path, draft=draft, mono=mono, prepared={**prepared, **shared})
             continue
         draft = None
-        if need_draft:
+        if need_draft and settings.draft_model:
+            _progress(f"{settings.draft_model}: draft model export (int4, 1 stage)")
+            draft_work = cache_dir / "bench" / _slug(settings.draft_model)
+            draft_work.mkdir(parents=True, exist_ok=True)
+            made = shoal_export(settings.draft_model, 1, draft_work / "shoal-1stage", cache_dir)
+            draft, prepared["draft"] = made.path, made.to_json()
+        elif need_draft:
             _progress(f"{setup.model}: self-draft export ({settings.self_draft} layers)")
             made = selfdraft_export(setup.model, settings.self_draft,
                                     work / f"shoal-2stage-selfdraft{settings.self_draft}", cache_dir)
@@ -604,7 +615,7 @@ class Ring:
         kinds = DRAFTER_KINDS if self.settings.drafter == "best" else (self.settings.drafter,)
         if any(c in SPECULATIVE for c in self.settings.configs):
             for kind in kinds:
-                draft_export = self.exports.draft if kind == "draft" else None
+                draft_export = self.exports.draft if kind != "ngram" else None
                 self.drafters[kind] = [make_drafter(kind, export, self.manifest, params, config, draft_export)
                                        for _ in range(users)]
 

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from agent.head.drafters import DRAFTERS
 from shards.errors import ShoalError
 
 log = logging.getLogger("shoal")
@@ -71,10 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop rejected drafts from the KV cache (a copy) instead of masking them: speculative "
                         "greedy then equals plain greedy under the default precision")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
-    p.add_argument("--drafter", choices=("auto", "none", "ngram", "draft"), default="auto",
-                   help="speculative decoding: the export's draft graph, n-gram prompt lookup, or none "
+    p.add_argument("--drafter", choices=DRAFTERS, default="auto",
+                   help="speculative decoding: the export's draft graph, n-gram prompt lookup, n-gram where the "
+                        "text repeats and the draft model elsewhere, or none "
                         "(auto: the draft graph if the export has one, else n-gram)")
-    p.add_argument("--draft-export", type=Path, default=None, help="take the draft graph from this export instead")
+    p.add_argument("--draft-export", type=Path, default=None,
+                   help="take the draft graph from this export instead (a 1-stage export: that whole model; "
+                        "another tokenizer drafts through text)")
     p.add_argument("--k", type=int, default=None, help="fixed number of drafted tokens per step (default: adaptive)")
     p.add_argument("--depth", type=int, default=1,
                    help="with --ring: speculative steps in flight at once, drafts continued past unjudged ones")

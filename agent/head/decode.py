@@ -113,7 +113,11 @@ async def decode(
             return Draft([]), None
         if drafter.drafts_cheaply:
             # Look up the longest usable draft, then let its evidence decide how much of it to send.
-            draft = drafter.propose(known, min(policy.k_max, max(room, 0)))
+            longest = min(policy.k_max, max(room, 0))
+            if drafter.blocking:  # a lookup that may fall back on a model (HybridDrafter)
+                draft = await loop.run_in_executor(executor, drafter.propose, list(known), longest)
+            else:
+                draft = drafter.propose(known, longest)
             if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):
                 return Draft([]), None
             k = policy.choose(draft.evidence)

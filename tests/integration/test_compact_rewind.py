@@ -3,21 +3,17 @@ rejected drafts must leave no trace, and speculative greedy decoding must equal 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from agent.head.decode import DecodeStats, decode
+from agent.head.decode import DecodeStats
 from agent.head.drafters import NGramDrafter
-from agent.head.sampling import SamplingParams
-from agent.head.targets import LocalTarget
 from agent.runtime import LocalPipeline, RuntimeConfig
 from shards.manifest import Manifest
-
-GREEDY = SamplingParams()
+from tests.integration.local_decode import greedy_tokens
 
 
 def _pipeline(folder: Path, cache_dir: Path, *, compact: bool) -> LocalPipeline:
@@ -47,19 +43,6 @@ def test_rejected_drafts_leave_no_trace(exported: Callable[..., Path], cache_dir
         assert float(np.abs(rewound - never_saw).max()) < 1e-3
 
 
-def _decode(pipeline: LocalPipeline, prompt: list[int], drafter: NGramDrafter | None,
-            stats: DecodeStats | None = None) -> list[int]:
-    async def run() -> list[int]:
-        target = LocalTarget(pipeline.new_session(), GREEDY)
-        try:
-            return [t async for t in decode(target, prompt, max_tokens=64, stop_ids=frozenset(), params=GREEDY,
-                                            context_tokens=2048, drafter=drafter, stats=stats)]
-        finally:
-            await target.close()
-
-    return asyncio.run(run())
-
-
 @pytest.mark.parametrize("stages", [1, 2])
 def test_speculative_greedy_equals_plain_in_the_default_precision(
     stages: int, exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
@@ -67,7 +50,7 @@ def test_speculative_greedy_equals_plain_in_the_default_precision(
     pipeline = _pipeline(exported(stages, "int4"), cache_dir, compact=True)
     stats = DecodeStats()
     for prompt in chat_ids:
-        plain = _decode(pipeline, prompt, None)
-        spec = _decode(pipeline, prompt, NGramDrafter(), stats)
+        plain = greedy_tokens(pipeline, prompt)
+        spec = greedy_tokens(pipeline, prompt, NGramDrafter(), stats)
         assert spec == plain
     assert stats.drafted > 0 and stats.accepted < stats.drafted, "no draft was rejected: nothing was rewound"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.head.drafters import Draft, Drafter, NGramDrafter
+from agent.head.drafters import Draft, Drafter, HybridDrafter, NGramDrafter
 
 
 def _brute_force(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -157,3 +157,44 @@ def test_drafting_past_the_context_then_rejecting_matches_the_definition() -> No
         drafter.commit(kept)
         context = speculative[:kept] + rng.integers(0, 5, size=int(rng.integers(0, 3))).tolist()
         assert drafter.propose(context, k).tokens == _brute_force(context, k, 4, 1)
+
+
+class _ScriptedModel:
+    """A model drafter stand-in that records what it was asked (the hybrid's routing is under test)."""
+
+    blocking = True
+    drafts_cheaply = False
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int]] = []
+        self.committed: list[int] = []
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        self.asked.append((len(context), k))
+        return Draft([900 + i for i in range(k)])
+
+    def commit(self, context_len_kept: int) -> None:
+        self.committed.append(context_len_kept)
+
+    def reset(self) -> None:
+        self.asked.clear()
+
+
+def test_hybrid_copies_long_repeats_and_asks_the_model_elsewhere() -> None:
+    model = _ScriptedModel()
+    hybrid = HybridDrafter(NGramDrafter(), model, min_evidence=4, model_k=3)
+    # a 10-token stretch repeated: the match before the end is 10 tokens long (evidence 4)
+    stretch = list(range(10, 20))
+    copied = hybrid.propose([1, *stretch, 2, *stretch], 5)
+    assert copied.tokens == [2, 10, 11, 12, 13] and copied.evidence == 4
+    assert model.asked == []
+    # a one-token coincidence (evidence 1) goes to the model, capped at model_k, in its own class
+    drafted = hybrid.propose([5, 6, 7, 5], 6)
+    assert drafted.tokens == [900, 901, 902] and drafted.evidence == HybridDrafter.MODEL_EVIDENCE
+    assert model.asked == [(4, 3)]
+    # nothing to copy at all: the model again
+    assert hybrid.propose([40, 41, 42], 2).tokens == [900, 901]
+    hybrid.commit(3)
+    assert model.committed == [3]
+    with pytest.raises(ValueError):
+        HybridDrafter(NGramDrafter(), model, min_evidence=0)

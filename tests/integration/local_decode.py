@@ -1,0 +1,27 @@
+"""Greedy generation through an in-process pipeline, with or without a drafter (shared by the tests)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent.head.decode import DecodeStats, decode
+from agent.head.drafters import Drafter
+from agent.head.sampling import SamplingParams
+from agent.head.targets import LocalTarget
+from agent.runtime import LocalPipeline
+
+GREEDY = SamplingParams()
+
+
+def greedy_tokens(pipeline: LocalPipeline, prompt: list[int], drafter: Drafter | None = None,
+                  stats: DecodeStats | None = None, max_tokens: int = 64) -> list[int]:
+    """``max_tokens`` greedy tokens (stop tokens ignored) from a fresh session of ``pipeline``."""
+    async def run() -> list[int]:
+        target = LocalTarget(pipeline.new_session(), GREEDY)
+        try:
+            return [t async for t in decode(target, prompt, max_tokens=max_tokens, stop_ids=frozenset(),
+                                            params=GREEDY, context_tokens=2048, drafter=drafter, stats=stats)]
+        finally:
+            await target.close()
+
+    return asyncio.run(run())
