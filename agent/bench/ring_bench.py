@@ -830,34 +830,20 @@ async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[in
     loop = asyncio.get_running_loop()
     result: dict[str, Any] = {"model": ring.setup.model, "stages": ring.setup.stages, "latencies": {}}
     try:
-        # pilot: which drafter is best for pp+sd (at the first latency)
-        drafter = None if settings.drafter == "best" else settings.drafter
-        pilot: dict[str, list[dict[str, Any]]] = {}
-        speculative = any(c in SPECULATIVE for c in settings.configs)
         first_latency = settings.latencies[0]
-        ring.proxy.set_delay(first_latency)
-        if speculative:
-            kinds = DRAFTER_KINDS if drafter is None else (drafter,)
-            tokens = settings.tokens_for(first_latency)
-            for run in range(settings.pilot_runs if drafter is None else 0):
-                for kind in rotation(kinds, run):
-                    await ring.generate("pp+sd", first_latency, settings.warmup_tokens, kind,
-                                        prompt_ids[:WARMUP_PROMPT_TOKENS])
-                    done = await ring.generate("pp+sd", first_latency, tokens, kind, prompt_ids)
-                    pilot.setdefault(kind, []).append(
-                        {"tok_s": done.tok_s, "acceptance": done.acceptance, "k": done.median_k})
-                    _progress(f"{ring.setup.label}: pilot {kind:<5} {done.tok_s:7.2f} tok/s, acceptance "
-                              f"{_pct(done.acceptance)}, median K {done.median_k}")
-            if drafter is None:
-                drafter = max(pilot, key=lambda k: statistics.median(p["tok_s"] for p in pilot[k]))
-            _progress(f"{ring.setup.label}: best drafter: {drafter}")
-        result["pilot"] = pilot
-        result["drafter"] = drafter
-
+        speculative = any(c in SPECULATIVE for c in settings.configs)
+        result["pilots"], result["drafters"] = {}, {}
         mono_runs: list[RingRun] = []
         for latency in settings.latencies_for(ring.setup):
             ring.proxy.set_delay(latency)
             tokens = settings.tokens_for(latency)
+            drafter = None
+            if speculative:
+                # the best drafter depends on the latency: a draft model's time pays off only on a slow link
+                drafter, pilot = await _pilot(ring, settings, latency, prompt_ids)
+                result["pilots"][latency], result["drafters"][latency] = pilot, drafter
+                if latency == first_latency:
+                    result["pilot"], result["drafter"] = pilot, drafter
             configs = tuple(c for c in settings.configs if c != "mono" or latency == first_latency)
             runs: dict[str, list[RingRun]] = {c: [] for c in configs}
             _progress(f"{ring.setup.label}: {latency:g} ms per hop, {tokens} tokens, {settings.runs} rounds of "
@@ -893,6 +879,32 @@ async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[in
     finally:
         await ring.close()
     return result
+
+
+async def _pilot(ring: Ring, settings: RingSettings, latency: float,
+                 prompt_ids: list[int]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    """The drafter for pp+sd at one latency: ``--drafter``, or the fastest in a pilot of every kind."""
+    if settings.drafter != "best":
+        return settings.drafter, {}
+    pilot: dict[str, list[dict[str, Any]]] = {}
+    tokens = settings.tokens_for(latency)
+    for run in range(settings.pilot_runs):
+        for kind in rotation(DRAFTER_KINDS, run):
+            await ring.generate("pp+sd", latency, settings.warmup_tokens, kind, prompt_ids[:WARMUP_PROMPT_TOKENS])
+            done = await ring.generate("pp+sd", latency, tokens, kind, prompt_ids)
+            pilot.setdefault(kind, []).append({"tok_s": done.tok_s, "acceptance": done.acceptance, "k": done.median_k})
+            _progress(f"{ring.setup.label} @{latency:g} ms: pilot {kind:<11} {done.tok_s:7.2f} tok/s, acceptance "
+                      f"{_pct(done.acceptance)}, median K {done.median_k}")
+    best = max(pilot, key=lambda k: statistics.median(p["tok_s"] for p in pilot[k]))
+    _progress(f"{ring.setup.label} @{latency:g} ms: best drafter: {best}")
+    return best, pilot
+
+
+def _pilot_text(pilot: dict[str, list[dict[str, Any]]]) -> str:
+    return "; ".join(
+        f"{kind} {statistics.median(p['tok_s'] for p in runs):.2f} tok/s, acceptance "
+        f"{_pct(_median([p['acceptance'] for p in runs]))}, K {_opt(_median([p['k'] for p in runs]), 'g')}"
+        for kind, runs in pilot.items())
 
 
 def _pct(value: float | None) -> str:
@@ -1069,7 +1081,9 @@ def build_report(raw: dict[str, Any]) -> dict[str, Any]:
             cell["agreement"] = _agreements(runs)
             cells.append(cell)
         entry = {"model": setup["model"], "stages": setup["stages"], "prompt_tokens": setup.get("prompt_tokens"),
-                 "drafter": setup.get("drafter"), "pilot": setup.get("pilot", {}), "cells": cells,
+                 "drafter": setup.get("drafter"), "pilot": setup.get("pilot", {}),
+                 "drafters": {f"{float(k):g}": v for k, v in setup.get("drafters", {}).items()},
+                 "pilots": {f"{float(k):g}": v for k, v in setup.get("pilots", {}).items()}, "cells": cells,
                  "proxy_stats": setup.get("proxy_stats"), "exports": setup.get("exports")}
         entry["goals"] = _goals(cells)
         setups.append(entry)
@@ -1213,17 +1227,19 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         "",
     ]
     for setup in report["setups"]:
-        pilot = setup.get("pilot") or {}
-        pilot_text = "; ".join(
-            f"{kind}: {statistics.median(p['tok_s'] for p in runs):.2f} tok/s, acceptance "
-            f"{_pct(_median([p['acceptance'] for p in runs]))}, K {_opt(_median([p['k'] for p in runs]), 'g')}"
-            for kind, runs in pilot.items())
+        pilots = setup.get("pilots") or {}
+        if not pilots and setup.get("drafter"):  # a report from before per-latency pilots
+            first = f"{setup['cells'][0]['latency_ms']:g}"
+            pilots, setup = {first: setup.get("pilot") or {}}, {**setup, "drafters": {first: setup["drafter"]}}
+        drafter_text = "; ".join(
+            f"at {latency} ms **{kind}**" + (f" (pilot: {_pilot_text(pilots.get(latency) or {})})"
+                                            if pilots.get(latency) else "")
+            for latency, kind in (setup.get("drafters") or {}).items())
         lines += [
             f"### {setup['model']}, {setup['stages']} stages",
             "",
-            f"Prompt {setup.get('prompt_tokens')} tokens. Drafter for pp+sd: **{setup['drafter']}**"
-            + (f" (pilot, pp+sd at {setup['cells'][0]['latency_ms']:g} ms: {pilot_text})" if pilot_text else "")
-            + ".",
+            f"Prompt {setup.get('prompt_tokens')} tokens."
+            + (f" Drafter for pp+sd: {drafter_text}." if drafter_text else ""),
             "",
             "| " + " | ".join(HEADER) + " |",
             "|" + "---:|" * 2 + "---:|" * (len(HEADER) - 2),
