@@ -65,6 +65,8 @@ DEFAULT_STAGES = {"smollm2": (2, 3)}
 DEFAULT_LATENCIES = (0.0, 10.0, 50.0, 100.0)
 DRAFTER_KINDS = ("ngram", "draft", "ngram+draft")
 SELF_DRAFT_LAYERS = 8
+DEFAULT_DRAFT_MODELS = {"qwen2.5-coder-1.5b": "smollm2"}
+"""The best draft model on these machines for a model without a same-tokenizer one (it drafts through text)."""
 DEFAULT_WARMUP_TOKENS = 8
 DEFAULT_DEPTH = 1
 """Steps of a session in flight: pipelining measured no gain on the benchmark's answer (docs/benchmarks.md)."""
@@ -143,7 +145,7 @@ class RingSettings:
     prompt: str
     quiet_wait: float = 0.0
     draft_model: str | None = None
-    """SOURCE of a separate draft model (a 1-stage export) for the model drafters; None: the self-draft."""
+    """SOURCE of a separate draft model (a 1-stage export) for the model drafters; None: the defaults."""
     compact_rewind: bool = False
     """Stages drop rejected drafts from the KV state instead of masking them (``RuntimeConfig``)."""
 
@@ -201,6 +203,11 @@ class RingSettings:
             draft_model=args.draft_model,
         )
 
+    def draft_model_for(self, model: str) -> str | None:
+        """The separate draft model of a setup (``--draft-model``, else the default), None for its self-draft."""
+        chosen = self.draft_model or DEFAULT_DRAFT_MODELS.get(model)
+        return None if chosen == model else chosen
+
     def tokens_for(self, latency: float) -> int:
         return self.tokens_at.get(latency, self.tokens)
 
@@ -240,7 +247,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--self-draft", type=int, default=SELF_DRAFT_LAYERS, metavar="N",
                    help=f"layers of the self-draft exported for the draft drafter (default {SELF_DRAFT_LAYERS})")
     b.add_argument("--draft-model", default=None, metavar="SOURCE",
-                   help="a separate draft model instead of the self-draft (another tokenizer drafts through text)")
+                   help="a separate draft model instead of the self-draft (another tokenizer drafts through text; "
+                        "default: smollm2 for qwen2.5-coder-1.5b, the self-draft otherwise)")
     b.add_argument("--warmup-tokens", type=int, default=None,
                    help=f"untimed tokens right before each run (default {DEFAULT_WARMUP_TOKENS})")
     b.add_argument("--head-core", type=int, default=None, help="core of the head and of mono (default: the first)")
@@ -295,11 +303,12 @@ def prepare_exports(settings: RingSettings, cache_dir: Path) -> dict[Setup, Setu
             out[setup] = SetupExports(ring=ring.path, draft=draft, mono=mono, prepared={**prepared, **shared})
             continue
         draft = None
-        if need_draft and settings.draft_model:
-            _progress(f"{settings.draft_model}: draft model export (int4, 1 stage)")
-            draft_work = cache_dir / "bench" / _slug(settings.draft_model)
+        draft_model = settings.draft_model_for(setup.model)
+        if need_draft and draft_model:
+            _progress(f"{draft_model}: draft model export (int4, 1 stage)")
+            draft_work = cache_dir / "bench" / _slug(draft_model)
             draft_work.mkdir(parents=True, exist_ok=True)
-            made = shoal_export(settings.draft_model, 1, draft_work / "shoal-1stage", cache_dir)
+            made = shoal_export(draft_model, 1, draft_work / "shoal-1stage", cache_dir)
             draft, prepared["draft"] = made.path, made.to_json()
         elif need_draft:
             _progress(f"{setup.model}: self-draft export ({settings.self_draft} layers)")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.head.adaptive_k import AdaptiveK
-from agent.head.drafters import Draft, Drafter
+from agent.head.drafters import Draft, Drafter, HybridDrafter
 from agent.head.generate import check_prompt
 from agent.head.sampling import SamplingParams
 from agent.head.speculative import Verdict, verify_greedy, verify_sampled
@@ -114,8 +114,9 @@ async def decode(
         if drafter.drafts_cheaply:
             # Look up the longest usable draft, then let its evidence decide how much of it to send.
             longest = min(policy.k_max, max(room, 0))
-            if drafter.blocking:  # a lookup that may fall back on a model (HybridDrafter)
-                draft = await loop.run_in_executor(executor, drafter.propose, list(known), longest)
+            if isinstance(drafter, HybridDrafter):  # a lookup that may fall back on a model, sized by the loop
+                draft = await loop.run_in_executor(executor, drafter.propose_sized, list(known), longest,
+                                                   policy.choose)
             else:
                 draft = drafter.propose(known, longest)
             if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):

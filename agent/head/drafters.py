@@ -7,7 +7,7 @@ what followed the previous occurrence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -201,10 +201,18 @@ class HybridDrafter:
         self.min_evidence, self.model_k = min_evidence, model_k
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
+        return self.propose_sized(context, k, lambda evidence: k)
+
+    def propose_sized(self, context: Sequence[int], k: int, k_for: Callable[[int | None], int]) -> Draft:
+        """``propose``, with the model asked for no more than ``k_for(MODEL_EVIDENCE)`` tokens (the K the
+        loop would send of a model draft): where the loop has stopped sending them, the model is not run."""
         copied = self.ngram.propose(context, k)
         if copied.tokens and (copied.evidence or 0) >= self.min_evidence:
             return copied
-        drafted = self.model.propose(context, min(k, self.model_k))
+        wanted = min(k, self.model_k, k_for(self.MODEL_EVIDENCE))
+        if wanted <= 0:
+            return Draft([], evidence=self.MODEL_EVIDENCE)
+        drafted = self.model.propose(context, wanted)
         return Draft(drafted.tokens, drafted.dists, self.MODEL_EVIDENCE)
 
     def commit(self, context_len_kept: int) -> None:

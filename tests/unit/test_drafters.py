@@ -194,6 +194,12 @@ def test_hybrid_copies_long_repeats_and_asks_the_model_elsewhere() -> None:
     assert model.asked == [(4, 3)]
     # nothing to copy at all: the model again
     assert hybrid.propose([40, 41, 42], 2).tokens == [900, 901]
+    # where the loop would send no model draft (K 0 for its class), the model is not run at all
+    asked = len(model.asked)
+    skipped = hybrid.propose_sized([40, 41, 42], 6,
+                                   lambda evidence: 0 if evidence == HybridDrafter.MODEL_EVIDENCE else 6)
+    assert skipped.tokens == [] and len(model.asked) == asked
+    assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 2).tokens == [900, 901]
     hybrid.commit(3)
     assert model.committed == [3]
     with pytest.raises(ValueError):

@@ -1,0 +1,42 @@
+"""``shoal bench ring``'s options: setups, latencies, and which draft model each setup gets."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from agent.bench import BenchError
+from agent.bench.ring_bench import DEFAULT_LATENCIES, RingSettings, Setup, add_arguments
+
+
+def _settings(*argv: str) -> RingSettings:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return RingSettings.from_args(parser.parse_args(list(argv)))
+
+
+def test_defaults_cover_every_setup_and_latency() -> None:
+    settings = _settings()
+    assert settings.setups == (Setup("qwen2.5-coder-1.5b", 2), Setup("smollm2", 2), Setup("smollm2", 3))
+    assert settings.latencies == DEFAULT_LATENCIES
+    assert settings.drafter == "best" and not settings.compact_rewind
+
+
+def test_qwen_drafts_with_smollm2_and_a_model_never_drafts_for_itself() -> None:
+    settings = _settings()
+    assert settings.draft_model_for("qwen2.5-coder-1.5b") == "smollm2"
+    assert settings.draft_model_for("smollm2") is None  # its self-draft
+    chosen = _settings("--draft-model", "smollm2", "--model", "smollm2")
+    assert chosen.draft_model_for("smollm2") is None
+    other = _settings("--draft-model", "some/other-model")
+    assert other.draft_model_for("qwen2.5-coder-1.5b") == "some/other-model"
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(BenchError):
+        _settings("--stages", "1", "--model", "smollm2")
+    with pytest.raises(BenchError):
+        _settings("--latency-ms", "-5")
+    with pytest.raises(BenchError):
+        _settings("--tokens-at", "100:64")
