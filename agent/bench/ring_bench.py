@@ -788,7 +788,7 @@ class Ring:
             head_stage_s=executor.get("_run_local", 0.0),
             head_infer_s=end.infer - begin.infer,
             head_ov_latency_s=end.ov_latency - begin.ov_latency,
-            draft_s=executor.get("propose", 0.0),
+            draft_s=executor.get("propose", 0.0) + executor.get("propose_sized", 0.0),  # ModelDrafter, HybridDrafter
             loop_cpu_s=end.loop_cpu - begin.loop_cpu,
             agent_compute_s=[b - a for a, b in zip(begin.agent_compute, end.agent_compute, strict=True)],
             agent_steps=[b - a for a, b in zip(begin.agent_steps, end.agent_steps, strict=True)],
