@@ -851,8 +851,6 @@ async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[in
                 # the best drafter depends on the latency: a draft model's time pays off only on a slow link
                 drafter, pilot = await _pilot(ring, settings, latency, prompt_ids)
                 result["pilots"][latency], result["drafters"][latency] = pilot, drafter
-                if latency == first_latency:
-                    result["pilot"], result["drafter"] = pilot, drafter
             configs = tuple(c for c in settings.configs if c != "mono" or latency == first_latency)
             runs: dict[str, list[RingRun]] = {c: [] for c in configs}
             _progress(f"{ring.setup.label}: {latency:g} ms per hop, {tokens} tokens, {settings.runs} rounds of "
@@ -1059,6 +1057,18 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return split
 
 
+def _drafters_by_latency(setup: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """The pp+sd drafter and its pilot per latency (``"100"``: ...), also from raw results saved before
+    per-latency pilots, which held one drafter and one pilot, run at the first latency."""
+    if "drafters" in setup:
+        return ({f"{float(k):g}": v for k, v in setup["drafters"].items()},
+                {f"{float(k):g}": v for k, v in setup.get("pilots", {}).items()})
+    if not setup.get("drafter") or not setup.get("latencies"):
+        return {}, {}
+    first = f"{float(next(iter(setup['latencies']))):g}"
+    return {first: setup["drafter"]}, {first: setup.get("pilot") or {}}
+
+
 def build_report(raw: dict[str, Any]) -> dict[str, Any]:
     """The one JSON object ``--json`` prints: shaped like ``shoal bench shards --json`` for the first setup at
     the first latency (``configs``), with every setup and latency under ``setups``."""
@@ -1089,10 +1099,12 @@ def build_report(raw: dict[str, Any]) -> dict[str, Any]:
             cell["paired_ratios"] = paired
             cell["agreement"] = _agreements(runs)
             cells.append(cell)
+        drafters, pilots = _drafters_by_latency(setup)
+        first_piloted = next(iter(drafters), None)
         entry = {"model": setup["model"], "stages": setup["stages"], "prompt_tokens": setup.get("prompt_tokens"),
-                 "drafter": setup.get("drafter"), "pilot": setup.get("pilot", {}),
-                 "drafters": {f"{float(k):g}": v for k, v in setup.get("drafters", {}).items()},
-                 "pilots": {f"{float(k):g}": v for k, v in setup.get("pilots", {}).items()}, "cells": cells,
+                 # drafter / pilot: those of the first latency, as reports had them before per-latency pilots
+                 "drafter": drafters.get(first_piloted), "pilot": pilots.get(first_piloted, {}),
+                 "drafters": drafters, "pilots": pilots, "cells": cells,
                  "proxy_stats": setup.get("proxy_stats"), "exports": setup.get("exports")}
         entry["goals"] = _goals(cells)
         setups.append(entry)
@@ -1236,14 +1248,10 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         "",
     ]
     for setup in report["setups"]:
-        pilots = setup.get("pilots") or {}
-        if not pilots and setup.get("drafter"):  # a report from before per-latency pilots
-            first = f"{setup['cells'][0]['latency_ms']:g}"
-            pilots, setup = {first: setup.get("pilot") or {}}, {**setup, "drafters": {first: setup["drafter"]}}
+        pilots = setup["pilots"]
         drafter_text = "; ".join(
-            f"at {latency} ms **{kind}**" + (f" (pilot: {_pilot_text(pilots.get(latency) or {})})"
-                                            if pilots.get(latency) else "")
-            for latency, kind in (setup.get("drafters") or {}).items())
+            f"at {latency} ms **{kind}**" + (f" (pilot: {_pilot_text(pilots[latency])})" if pilots.get(latency) else "")
+            for latency, kind in setup["drafters"].items())
         lines += [
             f"### {setup['model']}, {setup['stages']} stages",
             "",

@@ -18,8 +18,6 @@ from shards.manifest import LOGITS_INDEX
 
 # A step this long is a prompt (or a new chat turn), never a speculative step (K <= 16 drafts + 1).
 PREFILL_MIN_POSITIONS = 18
-# KV variables of an exported stage are [batch, kv heads, positions, head size] (see shards/export).
-_KV_SEQUENCE_AXIS = 2
 
 
 def _copy_state(source: ov.InferRequest, target: ov.InferRequest) -> None:
@@ -123,8 +121,8 @@ class StageSession:
         """Cut the last ``n`` positions out of every KV variable (compacted sessions never hold masked ones)."""
         keep = self._physical - n
         for state in self._request.query_state():
-            kv = state.state.data
-            if kv.ndim != 4 or kv.shape[_KV_SEQUENCE_AXIS] != self._physical:
+            kv = state.state.data  # [batch, kv heads, positions, head size], as shards/export lays it out
+            if kv.ndim != 4 or kv.shape[2] != self._physical:
                 raise RuntimeStageError(f"KV variable {state.name} has shape {kv.shape}, expected "
                                         f"[batch, heads, {self._physical}, head size]")
             state.state = ov.Tensor(np.ascontiguousarray(kv[:, :, :keep]))
