@@ -18,6 +18,7 @@ sessions already keep busy gains nothing from it and pays for every void step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -88,6 +89,7 @@ async def decode(
     stats: DecodeStats | None = None,
     depth: int = 1,
     continue_above: float = 0.7,
+    turn: asyncio.Lock | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> AsyncIterator[int]:
     """Yield completion tokens; stops at a stop token (not yielded) or after ``max_tokens``.
@@ -97,6 +99,11 @@ async def decode(
     right behind, when the drafter's acceptance estimate for it is at least ``continue_above``; the
     stages then work on consecutive pieces of one long draft at the same time, and a continuation
     voided by an earlier rejection is rewound with the next step. Outputs are the same at every depth.
+
+    ``turn``: one lock shared by the sessions of one head. A step's local work (drafting, then the
+    head's own stages inside ``target.submit``) is done holding it, so sessions take whole turns on
+    the head's core instead of interleaving their jobs on its executor: otherwise a session whose
+    answer came first waits for another's draft before it may run its stage 0.
     """
     check_prompt(prompt_ids, max_tokens, context_tokens)
     if depth < 1:
@@ -106,6 +113,7 @@ async def decode(
     rng = np.random.default_rng(params.seed)
     loop = asyncio.get_running_loop()
     context = list(prompt_ids)
+    hold = turn if turn is not None else contextlib.nullcontext()
 
     async def draft_after(known: list[int], room: int, threshold: float | None) -> tuple[Draft, int | None]:
         """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much."""
@@ -133,7 +141,9 @@ async def decode(
         return drafter.propose(known, k), k
 
     started = clock()
-    first = await target.step(context, 0, last_only=True)
+    async with hold:
+        prefill = await target.submit(context, 0, last_only=True)
+    first = await prefill
     stats.target_seconds += clock() - started
     stats.first_token_seconds = clock() - started
     new_tokens = [_pick(first, rng, params)]
@@ -155,22 +165,24 @@ async def decode(
         # Room for drafts: every in-flight draft and one more token must fit the budget and the context.
         room = min(max_tokens - produced, context_tokens - len(context)) - 1
         if not in_flight:
-            begun = clock()
-            draft, k = await draft_after(context, room, None)
-            drafted_at = clock()
-            answer = await target.submit([context[-1], *draft.tokens], rewind, last_only=False)
+            async with hold:
+                begun = clock()
+                draft, k = await draft_after(context, room, None)
+                drafted_at = clock()
+                answer = await target.submit([context[-1], *draft.tokens], rewind, last_only=False)
             in_flight.append(_InFlight(answer, draft, True, k, begun, drafted_at))
             rewind = 0
         while len(in_flight) < depth and len(in_flight) < target.useful_depth():
             ahead = [t for sent in in_flight for t in sent.draft.tokens]
             if not in_flight[-1].draft.tokens or len(ahead) >= room:
                 break
-            begun = clock()
-            draft, k = await draft_after(context + ahead, room - len(ahead), continue_above)
-            if not draft.tokens:
-                break
-            drafted_at = clock()
-            answer = await target.submit(list(draft.tokens), 0, last_only=False)
+            async with hold:
+                begun = clock()
+                draft, k = await draft_after(context + ahead, room - len(ahead), continue_above)
+                if not draft.tokens:
+                    break
+                drafted_at = clock()
+                answer = await target.submit(list(draft.tokens), 0, last_only=False)
             in_flight.append(_InFlight(answer, draft, False, k, begun, drafted_at))
             stats.continued += 1
 
