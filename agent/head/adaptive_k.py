@@ -112,12 +112,27 @@ class AdaptiveK:
                 return self.k_initial
             # Acceptance already measured, no step timed yet: only b/a matters, so take the prior ratio.
             cost = (1.0, self.prior_cost_ratio)
+        return int(np.argmax(self._rates(cost, evidence)))
+
+    def belief_floor(self, evidence: int | None = None) -> float:
+        """The least chance of being kept that makes one more drafted position worth its cost.
+
+        A position costs ``b`` seconds and, when kept, is worth a token at the best rate ``r`` (tokens per
+        second at the best K): drafting it pays when P(kept) > ``b r``. A drafter that knows its own
+        chances per token (a draft model's probabilities) stops where they fall below this, which tracks
+        each step's text more closely than one K per evidence class.
+        """
+        cost = self.cost_model() or (1.0, self.prior_cost_ratio)
+        return min(1.0, cost[1] * float(np.max(self._rates(cost, evidence))))
+
+    def _rates(self, cost: tuple[float, float], evidence: int | None) -> np.ndarray:
+        """Expected tokens per second of every K in 0..k_max."""
         a, b = cost
         alpha = self.alpha_for(evidence)
         ks = np.arange(self.k_max + 1, dtype=np.float64)
         tokens = (1.0 - alpha ** (ks + 1)) / (1.0 - alpha) if alpha < 1.0 else ks + 1
-        # argmax takes the first maximum, so ties go to the smaller (cheaper, less risky) K.
-        return int(np.argmax(tokens / (a + b * ks)))
+        # argmax over these takes the first maximum, so ties go to the smaller (cheaper, less risky) K.
+        return tokens / (a + b * ks)
 
     def choose(self, evidence: int | None = None) -> int:
         """The K to draft next: ``best_k(evidence)``, or a neighbour of it on exploration steps."""

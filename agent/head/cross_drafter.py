@@ -55,16 +55,18 @@ class CrossTokenizerDrafter:
 
     blocking = True
     drafts_cheaply = False
+    stops_on_belief = True
 
     def __init__(self, model: ModelDrafter, bridge: TextBridge) -> None:
         """``model`` must draft greedily (see the module docstring)."""
         self._model = model
         self._bridge = bridge
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
+        """Up to ``k`` target tokens; the draft model stops early below ``min_belief`` (see ``ModelDrafter``)."""
         if k <= 0:
             return Draft([])
-        drafted = self._model.propose(self._bridge.to_draft(context), k)
+        drafted = self._model.propose(self._bridge.to_draft(context), k, min_belief)
         ids = self._bridge.continuation(context, self._bridge.draft_text(drafted.tokens))
         # The draft's last token may end inside a word that the target spells differently: cut to k.
         return Draft(ids[:k])

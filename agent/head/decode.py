@@ -90,6 +90,7 @@ async def decode(
     depth: int = 1,
     continue_above: float = 0.7,
     turn: asyncio.Lock | None = None,
+    belief_stop: bool = True,
     clock: Callable[[], float] = time.perf_counter,
 ) -> AsyncIterator[int]:
     """Yield completion tokens; stops at a stop token (not yielded) or after ``max_tokens``.
@@ -104,6 +105,10 @@ async def decode(
     head's own stages inside ``target.submit``) is done holding it, so sessions take whole turns on
     the head's core instead of interleaving their jobs on its executor: otherwise a session whose
     answer came first waits for another's draft before it may run its stage 0.
+
+    ``belief_stop``: a draft model (``drafter.stops_on_belief``) drafts until its own chance that all
+    its tokens are kept falls below what one more position costs (``AdaptiveK.belief_floor``), rather
+    than a fixed K per step; the K controller still decides whether to draft at all.
     """
     check_prompt(prompt_ids, max_tokens, context_tokens)
     if depth < 1:
@@ -114,21 +119,25 @@ async def decode(
     loop = asyncio.get_running_loop()
     context = list(prompt_ids)
     hold = turn if turn is not None else contextlib.nullcontext()
+    by_belief = drafter is not None and drafter.stops_on_belief and belief_stop
 
     async def draft_after(known: list[int], room: int, threshold: float | None) -> tuple[Draft, int | None]:
         """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much."""
         if drafter is None:
             return Draft([]), None
+        longest = min(policy.k_max, max(room, 0))
         if drafter.drafts_cheaply:
             # Look up the longest usable draft, then let its evidence decide how much of it to send.
-            longest = min(policy.k_max, max(room, 0))
             if isinstance(drafter, HybridDrafter):  # a lookup that may fall back on a model, sized by the loop
+                floor = policy.belief_floor(drafter.MODEL_EVIDENCE) if by_belief else 0.0
                 draft = await loop.run_in_executor(executor, drafter.propose_sized, list(known), longest,
-                                                   policy.choose)
+                                                   policy.choose, floor)
             else:
                 draft = drafter.propose(known, longest)
             if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):
                 return Draft([]), None
+            if by_belief and isinstance(drafter, HybridDrafter) and draft.evidence == drafter.MODEL_EVIDENCE:
+                return draft, len(draft.tokens)  # the model has cut it where its chances ran out
             k = policy.choose(draft.evidence)
             return draft.truncated(k), k
         if threshold is not None and policy.alpha < threshold:
@@ -136,6 +145,11 @@ async def decode(
         k = min(policy.choose(), max(room, 0))
         if k <= 0:
             return Draft([]), k
+        if by_belief:
+            # The K controller only says whether to draft; the model's own chances say how far.
+            draft = await loop.run_in_executor(executor, drafter.propose, list(known), longest,  # type: ignore[call-arg]
+                                               policy.belief_floor())
+            return draft, len(draft.tokens)
         if drafter.blocking:
             return await loop.run_in_executor(executor, drafter.propose, list(known), k), k
         return drafter.propose(known, k), k

@@ -38,9 +38,21 @@ class Drafter(Protocol):
     # True when proposing k tokens costs about the same as proposing one (a lookup, not a model): the loop
     # then asks for the longest draft it could use and cuts it to the K chosen for the draft's evidence.
     drafts_cheaply: bool
+    # True when propose() also takes ``min_belief`` (a :class:`BeliefDrafter`): the drafter then decides
+    # each draft's length by its own chances, and the loop asks for the longest draft it could use.
+    stops_on_belief: bool
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         """Up to ``k`` tokens likely to follow ``context`` (all final tokens: prompt and emitted so far)."""
+        ...
+
+
+class BeliefDrafter(Drafter, Protocol):
+    """A drafter that knows its chances (a draft model): it may stop before ``k`` where they run low."""
+
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
+        """As :meth:`Drafter.propose`, stopping before the first token at which the drafter's own chance
+        that every drafted token so far is right falls below ``min_belief``."""
         ...
 
     def commit(self, context_len_kept: int) -> None:
@@ -68,6 +80,7 @@ class NGramDrafter:
 
     blocking = False
     drafts_cheaply = True
+    stops_on_belief = False
     MATCH_CAP = 32
 
     def __init__(self, max_ngram: int = 8, min_ngram: int = 1) -> None:
@@ -192,9 +205,10 @@ class HybridDrafter:
 
     blocking = True
     drafts_cheaply = True  # the loop asks for up to k_max and cuts by evidence; the model drafts <= model_k
+    stops_on_belief = True  # its model drafts do, when the loop passes a floor to propose_sized
     MODEL_EVIDENCE = 0  # the n-gram drafter's classes start at 1 (a match of one token)
 
-    def __init__(self, ngram: NGramDrafter, model: Drafter, *, min_evidence: int = 4, model_k: int = 8) -> None:
+    def __init__(self, ngram: NGramDrafter, model: BeliefDrafter, *, min_evidence: int = 4, model_k: int = 8) -> None:
         if min_evidence < 1 or model_k < 1:
             raise ValueError("min_evidence and model_k must be at least 1")
         self.ngram, self.model = ngram, model
@@ -203,16 +217,19 @@ class HybridDrafter:
     def propose(self, context: Sequence[int], k: int) -> Draft:
         return self.propose_sized(context, k, lambda evidence: k)
 
-    def propose_sized(self, context: Sequence[int], k: int, k_for: Callable[[int | None], int]) -> Draft:
-        """``propose``, with the model asked for no more than ``k_for(MODEL_EVIDENCE)`` tokens (the K the
-        loop would send of a model draft): where the loop has stopped sending them, the model is not run."""
+    def propose_sized(self, context: Sequence[int], k: int, k_for: Callable[[int | None], int],
+                      min_belief: float = 0.0) -> Draft:
+        """``propose``, sized by the loop: where it would send none of a model draft (``k_for`` of the
+        model's class is 0) the model is not run. Without a ``min_belief`` the model drafts the K the
+        loop would send; with one, up to ``model_k`` tokens, stopping where its own chances fall below it."""
         copied = self.ngram.propose(context, k)
         if copied.tokens and (copied.evidence or 0) >= self.min_evidence:
             return copied
-        wanted = min(k, self.model_k, k_for(self.MODEL_EVIDENCE))
-        if wanted <= 0:
+        chosen = k_for(self.MODEL_EVIDENCE)
+        wanted = min(k, self.model_k, chosen if min_belief <= 0.0 else self.model_k)
+        if chosen <= 0 or wanted <= 0:
             return Draft([], evidence=self.MODEL_EVIDENCE)
-        drafted = self.model.propose(context, wanted)
+        drafted = self.model.propose(context, wanted, min_belief)
         return Draft(drafted.tokens, drafted.dists, self.MODEL_EVIDENCE)
 
     def commit(self, context_len_kept: int) -> None:

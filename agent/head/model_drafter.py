@@ -24,6 +24,7 @@ class ModelDrafter:
     blocking = True
     """Proposing runs inference: call it off the event loop."""
     drafts_cheaply = False
+    stops_on_belief = True
 
     def __init__(self, draft: CompiledStage, params: SamplingParams) -> None:
         self._session = draft.new_session()
@@ -31,7 +32,9 @@ class ModelDrafter:
         self._rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
         self._fed: list[int] = []
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
+        """Up to ``k`` tokens; fewer where the draft's own chance that every token so far is right (the
+        product of its probabilities for them) falls below ``min_belief``."""
         if k <= 0:
             return Draft([])
         common = _common_prefix(self._fed, context)
@@ -43,13 +46,21 @@ class ModelDrafter:
         self._fed = list(context)
         tokens: list[int] = []
         dists: list[SparseDistribution] = []
+        belief = 1.0
         for i in range(k):
             row = logits[0, -1]
             if self._params.greedy:
                 token = int(np.argmax(row))
+                if min_belief > 0.0:
+                    belief *= _probability_of_top(row)
             else:
                 dist = SparseDistribution.from_probs(sampling_distribution(row, self._params))
                 token = dist.sample(self._rng)
+                belief *= dist.prob(token)
+            if belief < min_belief:
+                # Depends on the draft alone, never on the target: speculative sampling stays exact.
+                break
+            if not self._params.greedy:
                 dists.append(dist)
             tokens.append(token)
             if i < k - 1:
@@ -68,6 +79,11 @@ class ModelDrafter:
         if length < len(self._fed):
             self._session.rewind(len(self._fed) - length)
             del self._fed[length:]
+
+
+def _probability_of_top(logits: np.ndarray) -> float:
+    """Softmax probability of the largest logit."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

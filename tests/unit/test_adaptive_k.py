@@ -161,3 +161,27 @@ def test_acceptance_counts_before_any_step_is_timed() -> None:
     controller.record(4, 0, 0.3, 0.0, timed=False)
     assert controller.cost_model() is None
     assert controller.best_k() < 4
+
+
+def test_belief_floor_is_the_cost_of_a_position_in_tokens_at_the_best_rate() -> None:
+    """Drafting one more position pays when its chance of being kept exceeds b x (best tokens per second)."""
+    a, b, alpha = 0.25, 0.025, 0.6
+    controller = AdaptiveK()
+    _simulate(controller, alpha, (a, b), steps=300)
+    fit_a, fit_b = controller.cost_model()  # type: ignore[misc]
+    k = controller.best_k()
+    tokens = (1 - controller.alpha ** (k + 1)) / (1 - controller.alpha)
+    assert controller.belief_floor() == pytest.approx(fit_b * tokens / (fit_a + fit_b * k), rel=1e-9)
+    assert 0.1 < controller.belief_floor() < 0.5
+    # a slower ring (the same positions, a longer round trip) makes a doubtful position worth drafting
+    wan = AdaptiveK()
+    _simulate(wan, alpha, (4 * a, b), steps=300)
+    assert wan.belief_floor() < 0.5 * controller.belief_floor()
+
+
+def test_belief_floor_before_any_timing_uses_the_prior_ratio() -> None:
+    controller = AdaptiveK(prior_cost_ratio=0.05)
+    # nothing recorded: alpha is the prior's 0.5, t(k) = 1 + 0.05 k
+    ks = np.arange(controller.k_max + 1)
+    best_rate = max((1 - 0.5 ** (ks + 1)) / 0.5 / (1 + 0.05 * ks))
+    assert controller.belief_floor() == pytest.approx(0.05 * best_rate)

@@ -164,13 +164,16 @@ class _ScriptedModel:
 
     blocking = True
     drafts_cheaply = False
+    stops_on_belief = True
 
     def __init__(self) -> None:
         self.asked: list[tuple[int, int]] = []
+        self.floors: list[float] = []
         self.committed: list[int] = []
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], k: int, min_belief: float = 0.0) -> Draft:
         self.asked.append((len(context), k))
+        self.floors.append(min_belief)
         return Draft([900 + i for i in range(k)])
 
     def commit(self, context_len_kept: int) -> None:
@@ -200,6 +203,10 @@ def test_hybrid_copies_long_repeats_and_asks_the_model_elsewhere() -> None:
                                    lambda evidence: 0 if evidence == HybridDrafter.MODEL_EVIDENCE else 6)
     assert skipped.tokens == [] and len(model.asked) == asked
     assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 2).tokens == [900, 901]
+    # with a belief floor the model's own chances cut its draft: it may go up to model_k
+    assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 2, 0.3).tokens == [900, 901, 902]
+    assert model.floors[-1] == 0.3 and model.floors[-2] == 0.0
+    assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 0, 0.3).tokens == []
     hybrid.commit(3)
     assert model.committed == [3]
     with pytest.raises(ValueError):

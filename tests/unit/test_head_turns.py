@@ -57,6 +57,7 @@ class BlockingOracleDrafter:
 
     blocking = True
     drafts_cheaply = False
+    stops_on_belief = False
 
     def __init__(self, name: str, jobs: list[tuple[str, str]]) -> None:
         self.name = name

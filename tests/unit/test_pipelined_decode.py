@@ -91,6 +91,7 @@ class AlwaysDrafter:
 
     blocking = False
     drafts_cheaply = True
+    stops_on_belief = False
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         return Draft([0] * k, evidence=None)

@@ -1,0 +1,81 @@
+"""``ModelDrafter`` over a scripted draft model: its cache bookkeeping and where its own chances stop it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.head.model_drafter import ModelDrafter
+from agent.head.sampling import SamplingParams
+
+pytestmark = pytest.mark.fast
+
+VOCAB = 8
+# The draft's top-1 probability after each number of tokens it holds beyond the context (greedy token: 3).
+CHANCES = [0.9, 0.8, 0.5, 0.95, 0.95, 0.95]
+
+
+def _logits(p_top: float) -> np.ndarray:
+    """Logits whose softmax gives token 3 probability ``p_top`` and the rest equal shares."""
+    probs = np.full(VOCAB, (1 - p_top) / (VOCAB - 1))
+    probs[3] = p_top
+    return np.log(probs).astype(np.float32)
+
+
+class ScriptedDraftSession:
+    """Holds fed tokens like a stage session; answers with the chance scripted for its length."""
+
+    def __init__(self, context_len: int) -> None:
+        self.context_len = context_len
+        self.held: list[int] = []
+
+    def step(self, inputs: np.ndarray, last_only: bool = False) -> np.ndarray:
+        self.held.extend(int(t) for t in inputs[0])
+        beyond = len(self.held) - self.context_len
+        return _logits(CHANCES[beyond])[None, None, :]
+
+    def rewind(self, n: int) -> None:
+        del self.held[len(self.held) - n :]
+
+    def reset(self) -> None:
+        self.held.clear()
+
+
+class ScriptedDraftStage:
+    def __init__(self, context_len: int) -> None:
+        self.session = ScriptedDraftSession(context_len)
+
+    def new_session(self) -> ScriptedDraftSession:
+        return self.session
+
+
+CONTEXT = [1, 2, 5, 6]
+
+
+@pytest.mark.parametrize(("floor", "expected"), [(0.0, 5), (0.5, 2), (0.7, 2), (0.75, 1), (0.95, 0)])
+def test_greedy_drafts_stop_where_the_joint_chance_falls_below_the_floor(floor: float, expected: int) -> None:
+    # joint chances of 1, 2, 3... tokens: 0.9, 0.72, 0.36, 0.34, 0.33
+    stage = ScriptedDraftStage(len(CONTEXT))
+    drafter = ModelDrafter(stage, SamplingParams())  # type: ignore[arg-type]
+    draft = drafter.propose(CONTEXT, 5, floor)
+    assert draft.tokens == [3] * expected
+    # the cache holds the context and every drafted token but the last (whose logits were not needed)
+    assert stage.session.held[: len(CONTEXT)] == CONTEXT
+    drafter.commit(len(CONTEXT))
+    assert stage.session.held == CONTEXT
+
+
+def test_sampled_drafts_stop_on_the_chance_of_the_tokens_drawn() -> None:
+    stage = ScriptedDraftStage(len(CONTEXT))
+    params = SamplingParams(temperature=1.0, seed=7)
+    seen = set()
+    for _ in range(40):
+        drafter = ModelDrafter(stage, params)  # type: ignore[arg-type]
+        stage.session.reset()
+        draft = drafter.propose(CONTEXT, 5, 0.5)
+        assert draft.dists is not None and len(draft.dists) == len(draft.tokens)
+        joint = np.cumprod([d.prob(t) for d, t in zip(draft.dists, draft.tokens, strict=True)])
+        assert (joint >= 0.5).all()
+        seen.add(len(draft.tokens))
+        params = SamplingParams(temperature=1.0, seed=(params.seed or 0) + 1)
+    assert 0 in seen and 2 in seen  # a first draw off the top stops at once; two tops make 0.72
