@@ -731,13 +731,12 @@ class Ring:
         started = time.perf_counter()
         first_shot: list[asyncio.Task[_Snapshot]] = []
         last_shot: list[_Snapshot] = []
-        turn = asyncio.Lock()  # the users share the head's core: each step's local work is one turn on it
 
         async def user(i: int) -> None:
             async for token in decode(sessions[i], prompt_ids, max_tokens=tokens, stop_ids=frozenset(),
                                       params=params, context_tokens=self.manifest.context_tokens,
                                       drafter=drafters[i], k_policy=AdaptiveK(), executor=self.executor,
-                                      stats=stats[i], depth=self.settings.depth, turn=turn):
+                                      stats=stats[i], depth=self.settings.depth, turn=self.client.turn):
                 stamps[i].append(time.perf_counter())
                 outputs[i].append(token)
                 if len(outputs[i]) == 1 and all(stamps):

@@ -55,6 +55,9 @@ class RingClient:
         self._sessions: dict[int, RingSession] = {}
         self._readers: list[asyncio.Task[None]] = []
         self.failure: RingError | None = None
+        self.turn = asyncio.Lock()
+        """The head's core, shared by its sessions: each step's local work (drafting, the head's stages) is
+        done holding it (``decode(turn=...)``), so that sessions take whole turns instead of interleaving."""
 
     @property
     def first_layer(self) -> int:
