@@ -121,6 +121,17 @@ async def decode(
     hold = turn if turn is not None else contextlib.nullcontext()
     by_belief = drafter is not None and drafter.stops_on_belief and belief_stop
 
+    def model_limit(evidence: int | None) -> int:
+        """The most a draft model may draft for ``evidence``. A model that stops on its own chances may
+        stretch a draft to twice the K controller's best K (+1) where its chances carry it: bounded by
+        the measured acceptance, so that a model whose confidence means little (a truncated self-draft)
+        cannot spend long drafts; where drafting does not pay, the controller's K (0, or 1 on an
+        exploration step) holds."""
+        best = policy.best_k(evidence)
+        if by_belief and best > 0:
+            return min(policy.k_max, 2 * best + 1)
+        return policy.choose(evidence)
+
     async def draft_after(known: list[int], room: int, threshold: float | None) -> tuple[Draft, int | None]:
         """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much."""
         if drafter is None:
@@ -131,7 +142,7 @@ async def decode(
             if isinstance(drafter, HybridDrafter):  # a lookup that may fall back on a model, sized by the loop
                 floor = policy.belief_floor(drafter.MODEL_EVIDENCE) if by_belief else 0.0
                 draft = await loop.run_in_executor(executor, drafter.propose_sized, list(known), longest,
-                                                   policy.choose, floor)
+                                                   model_limit, floor)
             else:
                 draft = drafter.propose(known, longest)
             if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):
@@ -142,12 +153,11 @@ async def decode(
             return draft.truncated(k), k
         if threshold is not None and policy.alpha < threshold:
             return Draft([]), None
-        k = min(policy.choose(), max(room, 0))
+        k = min(model_limit(None), longest)
         if k <= 0:
             return Draft([]), k
         if by_belief:
-            # The K controller only says whether to draft; the model's own chances say how far.
-            draft = await loop.run_in_executor(executor, drafter.propose, list(known), longest,  # type: ignore[call-arg]
+            draft = await loop.run_in_executor(executor, drafter.propose, list(known), k,  # type: ignore[call-arg]
                                                policy.belief_floor())
             return draft, len(draft.tokens)
         if drafter.blocking:

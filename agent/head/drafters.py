@@ -219,15 +219,14 @@ class HybridDrafter:
 
     def propose_sized(self, context: Sequence[int], k: int, k_for: Callable[[int | None], int],
                       min_belief: float = 0.0) -> Draft:
-        """``propose``, sized by the loop: where it would send none of a model draft (``k_for`` of the
-        model's class is 0) the model is not run. Without a ``min_belief`` the model drafts the K the
-        loop would send; with one, up to ``model_k`` tokens, stopping where its own chances fall below it."""
+        """``propose``, sized by the loop: the model drafts at most ``k_for(MODEL_EVIDENCE)`` tokens (where
+        the loop would send none, it is not run), stopping earlier where its own chances fall below
+        ``min_belief``."""
         copied = self.ngram.propose(context, k)
         if copied.tokens and (copied.evidence or 0) >= self.min_evidence:
             return copied
-        chosen = k_for(self.MODEL_EVIDENCE)
-        wanted = min(k, self.model_k, chosen if min_belief <= 0.0 else self.model_k)
-        if chosen <= 0 or wanted <= 0:
+        wanted = min(k, self.model_k, k_for(self.MODEL_EVIDENCE))
+        if wanted <= 0:
             return Draft([], evidence=self.MODEL_EVIDENCE)
         drafted = self.model.propose(context, wanted, min_belief)
         return Draft(drafted.tokens, drafted.dists, self.MODEL_EVIDENCE)

@@ -203,8 +203,8 @@ def test_hybrid_copies_long_repeats_and_asks_the_model_elsewhere() -> None:
                                    lambda evidence: 0 if evidence == HybridDrafter.MODEL_EVIDENCE else 6)
     assert skipped.tokens == [] and len(model.asked) == asked
     assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 2).tokens == [900, 901]
-    # with a belief floor the model's own chances cut its draft: it may go up to model_k
-    assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 2, 0.3).tokens == [900, 901, 902]
+    # a belief floor goes to the model, which may cut its draft by it (this scripted one never does)
+    assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 16, 0.3).tokens == [900, 901, 902]
     assert model.floors[-1] == 0.3 and model.floors[-2] == 0.0
     assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 0, 0.3).tokens == []
     hybrid.commit(3)
