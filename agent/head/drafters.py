@@ -46,6 +46,14 @@ class Drafter(Protocol):
         """Up to ``k`` tokens likely to follow ``context`` (all final tokens: prompt and emitted so far)."""
         ...
 
+    def commit(self, context_len_kept: int) -> None:
+        """The first ``context_len_kept`` tokens of the context are final; a stateful drafter rewinds past them."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything: the next context is a new conversation."""
+        ...
+
 
 class BeliefDrafter(Drafter, Protocol):
     """A drafter that knows its chances (a draft model): it may stop before ``k`` where they run low."""
@@ -53,14 +61,6 @@ class BeliefDrafter(Drafter, Protocol):
     def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
         """As :meth:`Drafter.propose`, stopping before the first token at which the drafter's own chance
         that every drafted token so far is right falls below ``min_belief``."""
-        ...
-
-    def commit(self, context_len_kept: int) -> None:
-        """The first ``context_len_kept`` tokens of the context are final; a stateful drafter rewinds past them."""
-        ...
-
-    def reset(self) -> None:
-        """Forget everything: the next context is a new conversation."""
         ...
 
 
@@ -205,7 +205,7 @@ class HybridDrafter:
 
     blocking = True
     drafts_cheaply = True  # the loop asks for up to k_max and cuts by evidence; the model drafts <= model_k
-    stops_on_belief = True  # its model drafts do, when the loop passes a floor to propose_sized
+    stops_on_belief = True  # its model's drafts do, with the floor the loop passes to propose_sized
     MODEL_EVIDENCE = 0  # the n-gram drafter's classes start at 1 (a match of one token)
 
     def __init__(self, ngram: NGramDrafter, model: BeliefDrafter, *, min_evidence: int = 4, model_k: int = 8) -> None:

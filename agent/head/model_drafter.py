@@ -33,8 +33,9 @@ class ModelDrafter:
         self._fed: list[int] = []
 
     def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
-        """Up to ``k`` tokens; fewer where the draft's own chance that every token so far is right (the
-        product of its probabilities for them) falls below ``min_belief``."""
+        """Up to ``k`` tokens; fewer where the draft's own chance that every token so far is right falls
+        below ``min_belief``: the product of its top probabilities at each position, known before the
+        token there is drawn."""
         if k <= 0:
             return Draft([])
         common = _common_prefix(self._fed, context)
@@ -50,17 +51,19 @@ class ModelDrafter:
         for i in range(k):
             row = logits[0, -1]
             if self._params.greedy:
-                token = int(np.argmax(row))
                 if min_belief > 0.0:
                     belief *= _probability_of_top(row)
             else:
                 dist = SparseDistribution.from_probs(sampling_distribution(row, self._params))
-                token = dist.sample(self._rng)
-                belief *= dist.prob(token)
+                belief *= float(dist.probs.max())
+            # Decided before the token is drawn: had the drawn token decided whether it is sent, the
+            # tokens sent would not follow the draft's distribution and speculative sampling would be biased.
             if belief < min_belief:
-                # Depends on the draft alone, never on the target: speculative sampling stays exact.
                 break
-            if not self._params.greedy:
+            if self._params.greedy:
+                token = int(np.argmax(row))
+            else:
+                token = dist.sample(self._rng)
                 dists.append(dist)
             tokens.append(token)
             if i < k - 1:

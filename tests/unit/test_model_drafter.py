@@ -65,17 +65,17 @@ def test_greedy_drafts_stop_where_the_joint_chance_falls_below_the_floor(floor: 
     assert stage.session.held == CONTEXT
 
 
-def test_sampled_drafts_stop_on_the_chance_of_the_tokens_drawn() -> None:
+def test_sampled_drafts_stop_before_drawing_never_because_of_the_draw() -> None:
+    """The stop must not depend on the token drawn at a position (that would bias speculative sampling):
+    with these chances every draft has the same length however its tokens fell."""
     stage = ScriptedDraftStage(len(CONTEXT))
-    params = SamplingParams(temperature=1.0, seed=7)
-    seen = set()
-    for _ in range(40):
-        drafter = ModelDrafter(stage, params)  # type: ignore[arg-type]
+    lengths, tokens = set(), set()
+    for seed in range(40):
+        drafter = ModelDrafter(stage, SamplingParams(temperature=1.0, seed=seed))  # type: ignore[arg-type]
         stage.session.reset()
         draft = drafter.propose(CONTEXT, 5, 0.5)
         assert draft.dists is not None and len(draft.dists) == len(draft.tokens)
-        joint = np.cumprod([d.prob(t) for d, t in zip(draft.dists, draft.tokens, strict=True)])
-        assert (joint >= 0.5).all()
-        seen.add(len(draft.tokens))
-        params = SamplingParams(temperature=1.0, seed=(params.seed or 0) + 1)
-    assert 0 in seen and 2 in seen  # a first draw off the top stops at once; two tops make 0.72
+        lengths.add(len(draft.tokens))
+        tokens.update(draft.tokens)
+    assert lengths == {2}  # top chances 0.9 x 0.8 = 0.72, then x 0.5 = 0.36 < 0.5
+    assert tokens - {3}  # draws off the top were sent too
