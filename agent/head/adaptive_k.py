@@ -71,6 +71,7 @@ class AdaptiveK:
         self._rejects = 0.0
         self._by_evidence: dict[int, tuple[float, float]] = {}
         self._times: deque[tuple[int, float]] = deque(maxlen=window)
+        self._fit: tuple[float, float] | None = None  # cost_model() of the current window, until a step is timed
         self._steps = 0
         self.draft_seconds_total = 0.0
 
@@ -89,8 +90,13 @@ class AdaptiveK:
 
     def cost_model(self) -> tuple[float, float] | None:
         """``(a, b)`` in seconds for ``t(k) = a + b k``, or None before any step was recorded."""
-        if not self._times:
-            return None
+        # Asked several times per step (best K, belief floor, exploration) over the same window: fit once.
+        if self._fit is None and self._times:
+            self._fit = self._fit_line()
+        return self._fit
+
+    def _fit_line(self) -> tuple[float, float]:
+        """Least squares through the window of timed steps (at least one)."""
         ks = np.array([k for k, _ in self._times], dtype=np.float64)
         ts = np.array([t for _, t in self._times], dtype=np.float64)
         if np.unique(ks).size < 2:
@@ -167,6 +173,7 @@ class AdaptiveK:
         self.draft_seconds_total += draft_seconds
         if timed:
             self._times.append((k, step_seconds))
+            self._fit = None
         if k > 0:  # a step with nothing drafted says nothing about acceptance
             rejected = 1.0 if accepted < k else 0.0
             self._accepts = self.memory * self._accepts + accepted
