@@ -75,12 +75,14 @@ def run_measured(module: str, args: list[str], env: dict[str, str] | None = None
     return Measured(returncode=proc.returncode, seconds=seconds, peak_rss_bytes=peak)
 
 
-def shoal_export(source: str, stages: int, out: Path, cache_dir: Path) -> PreparedExport:
-    """``shoal export SOURCE --stages N --out OUT`` in a child process (reused when up to date)."""
+def shoal_export(source: str, stages: int, out: Path, cache_dir: Path,
+                 layers: tuple[int, ...] | None = None) -> PreparedExport:
+    """``shoal export SOURCE --stages N [--layers ...] --out OUT`` in a child process (reused when up to date)."""
     manifest = out / "manifest.json"
     before = manifest.stat().st_mtime_ns if manifest.is_file() else None
+    pinned = ["--layers", ",".join(map(str, layers))] if layers else []
     measured = run_measured("agent.cli.main", ["--cache-dir", str(cache_dir), "export", source,
-                                               "--stages", str(stages), "--out", str(out)])
+                                               "--stages", str(stages), *pinned, "--out", str(out)])
     if measured.returncode:
         raise BenchError(f"`shoal export {source} --stages {stages}` failed (exit {measured.returncode}, see above);"
                          f" if {out} is stale, delete it and run again")

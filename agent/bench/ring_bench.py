@@ -56,6 +56,7 @@ from agent.bench import BenchError, select_configs
 from agent.bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
 from agent.bench.shards_bench import _append_markdown, _command_line, _machine, _slug, rotation
 from agent.bench.stats import Summary, agreement, paired_ratios
+from agent.cli.common import layer_counts
 
 CONFIGS = ("mono", "pp", "pp+sd", "pp+mb", "pp+sd+mb")
 USERS = {"mono": 1, "pp": 1, "pp+sd": 1, "pp+mb": 2, "pp+sd+mb": 2}
@@ -114,10 +115,18 @@ def _progress(text: str) -> None:
 class Setup:
     model: str
     stages: int
+    layers: tuple[int, ...] | None = None
+    """Layers per stage pinned with ``--layers`` (None: the split planner's cut)."""
 
     @property
     def label(self) -> str:
-        return f"{self.model} {self.stages} stages"
+        cut = f" ({'/'.join(map(str, self.layers))} layers)" if self.layers else ""
+        return f"{self.model} {self.stages} stages{cut}"
+
+    @property
+    def export_name(self) -> str:
+        """The folder of this setup's ring export in the model's bench cache."""
+        return f"shoal-{self.stages}stage" if self.layers is None else f"shoal-layers-{'-'.join(map(str, self.layers))}"
 
 
 @dataclass(frozen=True)
@@ -158,6 +167,12 @@ class RingSettings:
         if args.model:
             stage_counts = args.stages or list(DEFAULT_STAGES.get(args.model, (2,)))
             setups = tuple(Setup(args.model, s) for s in stage_counts)
+            if args.layers:
+                if len(setups) != 1 or setups[0].stages != len(args.layers):
+                    raise BenchError("--layers names the layers of every stage of one --stages count")
+                setups = (Setup(args.model, len(args.layers), args.layers),)
+        elif args.layers:
+            raise BenchError("--layers needs --model")
         else:
             setups = tuple(Setup(m, s) for m, s in DEFAULT_SETUPS if not args.stages or s in args.stages)
         if not setups or any(s.stages < 2 for s in setups):
@@ -230,6 +245,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
                    help="SOURCE to benchmark (default: qwen2.5-coder-1.5b in 2 stages, smollm2 in 2 and 3)")
     b.add_argument("--stages", type=int, action="append", default=None,
                    help="ring stages, the head's included (repeatable; default: 2, and 3 for smollm2)")
+    b.add_argument("--layers", type=layer_counts, default=None, metavar="N,N,...",
+                   help="with --model: cut the ring export here (layers per stage) instead of the planner's cut")
     b.add_argument("--latency-ms", type=float, nargs="+", default=None, metavar="L",
                    help="added one-way latency per hop, one round set each (default: 0 10 50 100)")
     b.add_argument("--runs", type=int, default=5, help="timed runs per configuration and latency")
@@ -296,7 +313,7 @@ def prepare_exports(settings: RingSettings, cache_dir: Path) -> dict[Setup, Setu
         work = cache_dir / "bench" / _slug(setup.model)
         work.mkdir(parents=True, exist_ok=True)
         _progress(f"{setup.label}: shoal export (int4)")
-        ring = shoal_export(setup.model, setup.stages, work / f"shoal-{setup.stages}stage", cache_dir)
+        ring = shoal_export(setup.model, setup.stages, work / setup.export_name, cache_dir, setup.layers)
         prepared = {"ring": ring.to_json()}
         if setup.model in per_model:  # checked once per model
             draft, mono, shared = per_model[setup.model]
@@ -837,7 +854,8 @@ async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[in
     assert ring.proxy is not None
     await ring.connect()
     loop = asyncio.get_running_loop()
-    result: dict[str, Any] = {"model": ring.setup.model, "stages": ring.setup.stages, "latencies": {}}
+    result: dict[str, Any] = {"model": ring.setup.model, "stages": ring.setup.stages,
+                              "layers": [len(stage.layers) for stage in ring.manifest.stages], "latencies": {}}
     try:
         first_latency = settings.latencies[0]
         speculative = any(c in SPECULATIVE for c in settings.configs)
@@ -1101,7 +1119,8 @@ def build_report(raw: dict[str, Any]) -> dict[str, Any]:
             cells.append(cell)
         drafters, pilots = _drafters_by_latency(setup)
         first_piloted = next(iter(drafters), None)
-        entry = {"model": setup["model"], "stages": setup["stages"], "prompt_tokens": setup.get("prompt_tokens"),
+        entry = {"model": setup["model"], "stages": setup["stages"], "layers": setup.get("layers"),
+                 "prompt_tokens": setup.get("prompt_tokens"),
                  # drafter / pilot: those of the first latency, as reports had them before per-latency pilots
                  "drafter": drafters.get(first_piloted), "pilot": pilots.get(first_piloted, {}),
                  "drafters": drafters, "pilots": pilots, "cells": cells,
@@ -1255,7 +1274,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         lines += [
             f"### {setup['model']}, {setup['stages']} stages",
             "",
-            f"Prompt {setup.get('prompt_tokens')} tokens."
+            (f"Layers per stage {'/'.join(map(str, setup['layers']))}. " if setup.get("layers") else "")
+            + f"Prompt {setup.get('prompt_tokens')} tokens."
             + (f" Drafter for pp+sd: {drafter_text}." if drafter_text else ""),
             "",
             "| " + " | ".join(HEADER) + " |",

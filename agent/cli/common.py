@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from agent.errors import FleetError
@@ -15,3 +16,11 @@ def identity_dir(explicit: Path | None, data_dir: Path) -> Path:
     if len(found) != 1:
         raise FleetError("pass --identity DIR (the node folder made by `shoal fleet issue NODE`)")
     return found[0].parent
+
+
+def layer_counts(text: str) -> tuple[int, ...]:
+    """An argparse type: ``18,10`` is 18 layers on stage 0 and 10 on stage 1."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer counts such as 18,10, not {text!r}") from None

@@ -18,6 +18,7 @@ def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
         draft_source=args.draft,
         self_draft_layers=args.self_draft,
         force=args.force,
+        layers=args.layers,
     )
     manifest = export(request, cache_dir)
     for stage in manifest.stages:

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from agent.cli.common import layer_counts
 from agent.head.drafters import DRAFTERS
 from shards.errors import ShoalError
 
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     drafts = p.add_mutually_exclusive_group()
     drafts.add_argument("--draft", metavar="MODEL", help="also export this smaller model (same tokenizer) as a draft")
     drafts.add_argument("--self-draft", metavar="N", type=int, help="draft = first N layers + final norm + head")
+    p.add_argument("--layers", type=layer_counts, default=None, metavar="N,N,...",
+                   help="layers per stage, first to last (default: the split planner balances them)")
     p.add_argument("--force", action="store_true", help="replace an existing different export")
 
     p = sub.add_parser("generate", help="answer one chat prompt through every stage of an export, in-process")

@@ -24,7 +24,7 @@ from shards.architecture import ArchSpec, arch_spec_from_config
 from shards.checkpoint import Checkpoint, open_checkpoint
 from shards.errors import ExportError, ManifestError
 from shards.export.convert import WEIGHT_FORMATS, compress_weights, make_stage_stateful, stage_io, trace_stage
-from shards.export.split import plan_layer_split
+from shards.export.split import layer_split_from_counts, plan_layer_split
 from shards.export.stage_model import StageModule, stage_weight_names
 from shards.manifest import (
     FORMAT_VERSION,
@@ -53,8 +53,12 @@ class ExportRequest:
     draft_source: str | None = None
     self_draft_layers: int | None = None
     force: bool = False
+    layers: tuple[int, ...] | None = None
+    """Layers per stage as pinned by an admin (None: the split planner decides)."""
 
     def __post_init__(self) -> None:
+        if self.layers is not None and len(self.layers) != self.stages:
+            raise ExportError(f"--layers names {len(self.layers)} stages, --stages {self.stages}")
         if self.weights not in WEIGHT_FORMATS:
             raise ExportError(f"--weights must be one of {', '.join(WEIGHT_FORMATS)}, not {self.weights!r}")
         if self.draft_source and self.self_draft_layers:
@@ -72,7 +76,8 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
     """Run an export; returns the manifest of the finished folder (existing and matching: reused)."""
     checkpoint = open_checkpoint(request.source, cache_dir)
     spec = arch_spec_from_config(checkpoint.config)
-    ranges = plan_layer_split(spec, request.stages, request.weights)
+    ranges = (plan_layer_split(spec, request.stages, request.weights) if request.layers is None
+              else layer_split_from_counts(spec, request.layers))
     if request.self_draft_layers is not None and not 1 <= request.self_draft_layers < spec.num_layers:
         raise ExportError(f"--self-draft must be between 1 and {spec.num_layers - 1} layers")
     revision = checkpoint.revision()
@@ -143,7 +148,7 @@ def _reusable(request: ExportRequest, revision: str, ranges: list[range]) -> tup
         return None, True
     old_ranges = [s.layers for s in old.stages]
     if same and old_ranges != ranges:
-        # the same inputs cut where an older planner put the cuts: re-balance
+        # the same inputs cut elsewhere (an older planner, or another pinned cut): re-balance
         log.info("export %s was split %s, re-exporting split %s", request.out_dir, _split_text(old_ranges),
                  _split_text(ranges))
         return None, True

@@ -86,3 +86,18 @@ def plan_layer_split(spec: ArchSpec, stages: int, weights: str) -> list[range]:
         ranges.append(range(start, stop))
         stop = start
     return ranges[::-1]
+
+
+def layer_split_from_counts(spec: ArchSpec, counts: tuple[int, ...]) -> list[range]:
+    """The contiguous layer ranges of stages holding ``counts`` layers each, in order (an admin's pinned
+    cut, where the planner's cost model does not fit the fleet's PCs)."""
+    if not counts or any(c < 1 for c in counts):
+        raise ExportError(f"--layers needs one positive layer count per stage, not {','.join(map(str, counts))}")
+    if sum(counts) != spec.num_layers:
+        raise ExportError(f"--layers {','.join(map(str, counts))} adds up to {sum(counts)} layers; "
+                          f"the model has {spec.num_layers}")
+    ranges, start = [], 0
+    for count in counts:
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges

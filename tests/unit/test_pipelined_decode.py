@@ -185,3 +185,67 @@ def test_the_first_step_after_the_prompt_is_not_timed() -> None:
 
     asyncio.run(go())
     assert flags[0] is False and all(flags[1:]) and len(flags) > 3
+
+
+def _draft_dist_at(position: int) -> np.ndarray:
+    """A draft that gives token 0 half its mass at odd positions (the target: 12/78) and 0.2 at even ones."""
+    q = np.empty(VOCAB)
+    q[0] = 0.5 if position % 2 else 0.2
+    q[1:] = (1.0 - q[0]) / (VOCAB - 1)
+    return q
+
+
+class SampledBeliefDrafter(AlwaysDrafter):
+    """Samples each token from ``_draft_dist_at`` and stops where its chances run low, the way
+    ``ModelDrafter`` does: on the product of its top probabilities, known before each draw. With
+    ``stop_on_drawn`` it stops instead on the probability of the token it drew (dropping that token),
+    which makes whether a token is sent depend on the token: the biased rule."""
+
+    drafts_cheaply = False
+    stops_on_belief = True
+
+    def __init__(self, seed: int, stop_on_drawn: bool = False) -> None:
+        self._rng = np.random.default_rng(seed + 1)
+        self._stop_on_drawn = stop_on_drawn
+
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
+        tokens: list[int] = []
+        dists: list[SparseDistribution] = []
+        belief = 1.0
+        for i in range(k):
+            q = _draft_dist_at(len(context) + i)
+            dist = SparseDistribution.from_probs(q)
+            if not self._stop_on_drawn:
+                belief *= float(q.max())
+                if belief < 0.3:
+                    break
+            token = dist.sample(self._rng)
+            if self._stop_on_drawn:
+                belief *= float(q[token])
+                if belief < 0.3:
+                    break
+            tokens.append(token)
+            dists.append(dist)
+        return Draft(tokens, dists)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_belief_stopped_sampled_drafts_keep_the_target_distribution(broken: bool) -> None:
+    """Drafts cut by the draft's own chances, through the whole loop: emitted tokens follow the target
+    when the stop is decided before each draw, and the same check notices the rule that stops on the
+    drawn token."""
+    counts = {0: np.zeros(VOCAB), 1: np.zeros(VOCAB)}
+    prompt = [5, 5, 5]
+    stats = DecodeStats()
+    for seed in range(80):
+        target = ScriptedTarget(sampled=True)
+        drafter = SampledBeliefDrafter(seed, stop_on_drawn=broken)
+        out = _run(target, prompt, 60, SamplingParams(temperature=1.0, seed=seed), drafter, depth=1, stats=stats)
+        for i, token in enumerate(out):
+            counts[(len(prompt) + i) % 2][token] += 1
+    pvalues = [chisquare(observed, _dist_at(parity) * observed.sum()).pvalue for parity, observed in counts.items()]
+    assert stats.drafted > 500 and 0 < stats.accepted < stats.drafted  # drafts went out and were judged
+    if broken:
+        assert min(pvalues) < 1e-6, pvalues
+    else:
+        assert min(pvalues) > 1e-4, pvalues

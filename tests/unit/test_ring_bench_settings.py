@@ -40,3 +40,14 @@ def test_bad_options_are_refused() -> None:
         _settings("--latency-ms", "-5")
     with pytest.raises(BenchError):
         _settings("--tokens-at", "100:64")
+
+
+def test_a_pinned_cut_names_its_own_export() -> None:
+    settings = _settings("--model", "qwen2.5-coder-1.5b", "--layers", "18,10")
+    assert settings.setups == (Setup("qwen2.5-coder-1.5b", 2, (18, 10)),)
+    assert settings.setups[0].export_name == "shoal-layers-18-10"
+    assert Setup("qwen2.5-coder-1.5b", 2).export_name == "shoal-2stage"  # the planner's cut keeps its folder
+    with pytest.raises(BenchError, match="needs --model"):
+        _settings("--layers", "18,10")
+    with pytest.raises(BenchError, match="every stage"):
+        _settings("--model", "smollm2", "--stages", "3", "--layers", "18,12")

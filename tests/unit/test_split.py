@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from shards.architecture import ArchSpec
 from shards.errors import ExportError
-from shards.export.split import plan_layer_split
+from shards.export.split import layer_split_from_counts, plan_layer_split
 
 
 def spec(layers: int, vocab: int = 49152) -> ArchSpec:
@@ -52,3 +52,14 @@ def test_small_layers_pay_their_fixed_cost() -> None:
 def test_zero_stages_refused() -> None:
     with pytest.raises(ExportError, match="at least 1"):
         plan_layer_split(spec(4), 0, "int4")
+
+
+def test_pinned_cut_is_taken_as_given() -> None:
+    assert layer_split_from_counts(spec(28), (18, 10)) == [range(0, 18), range(18, 28)]
+    assert layer_split_from_counts(spec(30), (11, 14, 5)) == [range(0, 11), range(11, 25), range(25, 30)]
+
+
+@pytest.mark.parametrize(("counts", "message"), [((18, 11), "adds up to 29"), ((28, 0), "positive"), ((), "positive")])
+def test_pinned_cut_must_cover_every_layer_once(counts: tuple[int, ...], message: str) -> None:
+    with pytest.raises(ExportError, match=message):
+        layer_split_from_counts(spec(28), counts)
