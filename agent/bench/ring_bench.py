@@ -1038,6 +1038,13 @@ def config_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     figures["stage_busy"] = [statistics.median([r["head_stage_s"] / r["window_s"] for r in runs])] + [
         statistics.median([r["agent_compute_s"][i] / r["window_s"] for r in runs])
         for i in range(len(runs[0]["agent_compute_s"]))]
+    # compute per decoded token of each stage: with two users it rises where the stages' cores slow each other
+    def compute_s(run: dict[str, Any], stage: int) -> float:
+        return float(run["head_stage_s"] if stage == 0 else run["agent_compute_s"][stage - 1])
+
+    figures["stage_ms_per_token"] = [
+        statistics.median([1e3 * compute_s(r, i) / r["window_s"] / r["tok_s"] for r in runs])
+        for i in range(1 + len(runs[0]["agent_compute_s"]))]
     if figures["users"] == 1:
         figures["time_split"] = time_split(runs)
     return figures
@@ -1196,6 +1203,19 @@ def _goal_text(name: str, goal: dict[str, Any]) -> str:
     return f"{name}: {figure} {'pass' if goal['pass'] else 'FAIL'}"
 
 
+def _two_users_compute_text(setup: dict[str, Any]) -> list[str]:
+    """How much more compute each stage spent per token with two users than with one (first latency)."""
+    configs = setup["cells"][0]["configs"] if setup["cells"] else {}
+    one, two = (configs.get(name, {}).get("stage_ms_per_token") for name in ("pp", "pp+mb"))
+    if not one or not two:
+        return []
+    ratios = " / ".join(f"{b / a:.2f}×" for a, b in zip(one, two, strict=True))
+    return [f"Compute per token of each stage (head / agents) at {setup['cells'][0]['latency_ms']} ms/hop: pp "
+            f"{' / '.join(f'{a:.1f}' for a in one)} ms, pp+mb {' / '.join(f'{b:.1f}' for b in two)} ms ({ratios}): "
+            "two users make the stages compute at the same time, and where the PCs are cores of one machine they "
+            "slow each other (`shoal bench stages --together` measures it).", ""]
+
+
 def _rows(setup: dict[str, Any]) -> Iterator[list[str]]:
     for cell in setup["cells"]:
         latency = cell["latency_ms"]
@@ -1291,6 +1311,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                   "cores) used by processes other than this benchmark's during the run (for mono: the busiest the "
                   "other core was).", "",
                   "Goals: " + "; ".join(_goal_text(n, g) for n, g in setup["goals"].items()) + ".", ""]
+        lines += _two_users_compute_text(setup)
         split_rows = []
         for cell in setup["cells"]:
             for name, f in cell["configs"].items():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench.stages_bench import render_table, time_stages
+from agent.bench.stages_bench import render_table, time_stages, time_stages_together
 
 
 def test_every_stage_is_timed_beside_its_planned_share(exported: Callable[..., Path], cache_dir: Path) -> None:
@@ -21,3 +21,15 @@ def test_every_stage_is_timed_beside_its_planned_share(exported: Callable[..., P
     assert sum(t.planned_share for t in timings) == pytest.approx(1.0)
     table = render_table(str(export), timings)
     assert table.count("| stage-") == stages and "LM head" in table
+
+
+def test_stages_are_also_timed_all_at_once(exported: Callable[..., Path], cache_dir: Path) -> None:
+    export = exported(3, "int4")
+    together = time_stages_together(export, [0, 0, 0], threads=1, prompt_tokens=8, tokens=3, cache_dir=cache_dir)
+    assert len(together) == 3 and all(t.alone_ms > 0 and t.together_ms > 0 for t in together)
+    # three stages sharing one core: each waits for the others' steps when they all run
+    assert sum(t.together_ms for t in together) > sum(t.alone_ms for t in together)
+    table = render_table(str(export), time_stages(export, threads=1, prompt_tokens=8, tokens=2, cache_dir=cache_dir),
+                         together)
+    rows = [line for line in table.splitlines() if line.startswith("| stage-")]
+    assert len(rows) == 3 and all(" → " in row for row in rows) and "Users keeping every stage busy" in table
