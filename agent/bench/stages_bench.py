@@ -128,6 +128,8 @@ def _check_context(context_tokens: int, prompt_tokens: int, tokens: int) -> None
 ROUNDS_TOGETHER = 3
 """Rounds of (each stage alone in turn, then all at once): alone and together are timed close in time
 (this machine's speed drifts by 10-20 % within minutes)."""
+EXTRA_STEPS_TOGETHER = 10
+"""Bound on a round's steps per timed step, for a stage that waits for much slower ones (its cache grows)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ def time_stages_together(export: Path, cores: list[int], threads: int, prompt_to
     from shards.manifest import Manifest
 
     manifest = Manifest.load(export)
-    _check_context(manifest.context_tokens, prompt_tokens, 2 * ROUNDS_TOGETHER * tokens)
+    _check_context(manifest.context_tokens, prompt_tokens, (2 + EXTRA_STEPS_TOGETHER) * tokens)
     spawn = multiprocessing.get_context("spawn")  # a fresh OpenVINO per child, pinned before it starts
     count = len(manifest.stages)
     barrier, done, answers = spawn.Barrier(count), spawn.Value("i", 0), spawn.Queue()
@@ -211,9 +213,11 @@ def _time_stage_in_child(export: Path, index: int, core: int, threads: int, prom
             if turn == index:
                 alone += [timed_step() for _ in range(tokens)]
         barrier.wait()
-        # all at once; a stage done early keeps stepping (untimed) so the others stay measured beside it
-        timed = 0
-        while timed < tokens or done.value < count * (round_ + 1):
+        # all at once; a stage done early keeps stepping (untimed, up to EXTRA_STEPS_TOGETHER x tokens) so the
+        # others stay measured beside it
+        timed = steps = 0
+        while timed < tokens or (done.value < count * (round_ + 1) and steps < EXTRA_STEPS_TOGETHER * tokens):
+            steps += 1
             seconds = timed_step()
             if timed < tokens:
                 together.append(seconds)
