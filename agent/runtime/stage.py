@@ -37,7 +37,9 @@ class RuntimeConfig:
     fast_prefill: bool = False
     """With ``auto`` on the CPU and int4/int8 weights: a second compilation in the plugin's default
     precision runs long steps (prompts), the KV state moved across. bf16 prefill is ~1.8x faster on CPUs
-    with AMX, for twice the stage's memory (each compilation packs its own copy of the weights)."""
+    with AMX, for twice the stage's memory (each compilation packs its own copy of the weights). Where the
+    plugin's default is f32 anyway (a CPU without bf16 or f16), nothing would be gained and the stage
+    compiles once."""
     compact_rewind: bool = False
     """Rewind by dropping rejected positions from the KV state (one copy of the state per rewind) instead
     of masking them out. With activations quantized on the fly the CPU plugin lets masked positions move
@@ -75,9 +77,19 @@ def choose_device(requested: str, available: list[str]) -> str:
     raise RuntimeStageError(f"device {requested} is not available here (available: {', '.join(available) or 'none'})")
 
 
-def splits_prefill(device: str, weights: str, config: RuntimeConfig) -> bool:
-    """Whether a stage gets a second compilation for long steps (see ``RuntimeConfig.precision``)."""
-    return config.fast_prefill and _quantizes_on_the_fly(device, weights, config)
+def splits_prefill(device: str, weights: str, config: RuntimeConfig, default_precision: str) -> bool:
+    """Whether a stage gets a second compilation for long steps (see ``RuntimeConfig.fast_prefill``).
+
+    ``default_precision``: the device's own inference precision (``f32``, ``bf16``, ``f16``), which the
+    long-step compilation would run in; at ``f32`` it would be the decode compilation over again, and
+    moving the KV state across (u8 by default) would only re-round it.
+    """
+    return config.fast_prefill and _quantizes_on_the_fly(device, weights, config) and default_precision != "f32"
+
+
+def default_inference_precision(core: ov.Core, device: str) -> str:
+    """The precision ``device`` computes in when not told otherwise (``f32``, ``bf16``, ``f16``)."""
+    return core.get_property(device, "INFERENCE_PRECISION_HINT").to_string()
 
 
 def _quantizes_on_the_fly(device: str, weights: str, config: RuntimeConfig) -> bool:
@@ -139,7 +151,8 @@ class CompiledStage:
         try:
             # Compiling from the path (not a read model) lets OpenVINO use its model cache.
             self.compiled = self.core.compile_model(str(xml), self.device, props)
-            if splits_prefill(self.device, weights, config):
+            if config.fast_prefill and splits_prefill(self.device, weights, config,
+                                                      default_inference_precision(self.core, self.device)):
                 self.prefill_compiled = self.core.compile_model(
                     str(xml), self.device, compile_properties(self.device, weights, config, prefill=True))
         except RuntimeError as exc:

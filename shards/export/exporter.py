@@ -26,6 +26,7 @@ from shards.errors import ExportError, ManifestError
 from shards.export.convert import WEIGHT_FORMATS, compress_weights, make_stage_stateful, stage_io, trace_stage
 from shards.export.split import layer_split_from_counts, plan_layer_split
 from shards.export.stage_model import StageModule, stage_weight_names
+from shards.export.tokenizer_files import write_tokenizer
 from shards.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -98,7 +99,7 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
                                         request.weights, staging, progress))
         tokenizer_dir = staging / "tokenizer"
         tokenizer_dir.mkdir()
-        checkpoint.save_tokenizer(tokenizer_dir)
+        write_tokenizer(checkpoint, revision, tokenizer_dir, cache_dir)
         draft = _export_draft(request, checkpoint, spec, staging, cache_dir, progress)
         manifest = Manifest(
             source=SourceInfo(id=checkpoint.source_id, kind=checkpoint.kind, revision=revision),
@@ -182,20 +183,20 @@ def _export_draft(
     if request.draft_source:
         draft_checkpoint = open_checkpoint(request.draft_source, cache_dir)
         draft_spec = arch_spec_from_config(draft_checkpoint.config)
-        _check_same_vocabulary(staging / "tokenizer", draft_checkpoint, staging)
+        _check_same_vocabulary(staging / "tokenizer", draft_checkpoint, staging, cache_dir)
         graph = _export_graph(draft_checkpoint, draft_spec, "draft", range(0, draft_spec.num_layers), True, True,
                               request.weights, staging, progress)
         return DraftEntry(kind="model", source=request.draft_source, arch=draft_spec, graph=graph)
     return None
 
 
-def _check_same_vocabulary(target_tokenizer: Path, draft: Checkpoint, staging: Path) -> None:
+def _check_same_vocabulary(target_tokenizer: Path, draft: Checkpoint, staging: Path, cache_dir: Path) -> None:
     """A draft proposes token ids that the target verifies: both must mean the same by each id."""
     from transformers import AutoTokenizer
 
     folder = staging / ".vocab-draft"
     folder.mkdir()
-    draft.save_tokenizer(folder)
+    write_tokenizer(draft, draft.revision(), folder, cache_dir)
     draft_vocab = AutoTokenizer.from_pretrained(str(folder)).get_vocab()
     shutil.rmtree(folder)
     target_vocab = AutoTokenizer.from_pretrained(str(target_tokenizer)).get_vocab()

@@ -45,15 +45,17 @@ def test_compressed_exports_on_the_cpu_decode_with_f32_activations() -> None:
     decode = compile_properties("CPU", "int4", RuntimeConfig())
     assert decode["INFERENCE_PRECISION_HINT"] == "f32"
     assert "KV_CACHE_PRECISION" not in decode and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in decode
-    assert not splits_prefill("CPU", "int4", RuntimeConfig())
-    assert splits_prefill("CPU", "int8", RuntimeConfig(fast_prefill=True))
+    assert not splits_prefill("CPU", "int4", RuntimeConfig(), "bf16")
+    assert splits_prefill("CPU", "int8", RuntimeConfig(fast_prefill=True), "bf16")
+    # a CPU that computes in f32 by default (no bf16 or f16): a second compilation would be the first again
+    assert not splits_prefill("CPU", "int8", RuntimeConfig(fast_prefill=True), "f32")
     assert "INFERENCE_PRECISION_HINT" not in compile_properties("CPU", "int4", RuntimeConfig(), prefill=True)
     # an explicit precision, another device or float weights: one compilation, as asked
-    assert not splits_prefill("CPU", "int4", RuntimeConfig(precision="bf16", fast_prefill=True))
+    assert not splits_prefill("CPU", "int4", RuntimeConfig(precision="bf16", fast_prefill=True), "bf16")
     assert compile_properties("CPU", "int4", RuntimeConfig(precision="bf16"))["INFERENCE_PRECISION_HINT"] == "bf16"
-    assert not splits_prefill("GPU.0", "int4", RuntimeConfig(fast_prefill=True))
+    assert not splits_prefill("GPU.0", "int4", RuntimeConfig(fast_prefill=True), "f16")
     assert "INFERENCE_PRECISION_HINT" not in compile_properties("GPU.0", "int4", RuntimeConfig())
-    assert not splits_prefill("CPU", "fp32", RuntimeConfig(fast_prefill=True))
+    assert not splits_prefill("CPU", "fp32", RuntimeConfig(fast_prefill=True), "bf16")
 
 
 def test_compacted_sessions_keep_a_kv_cache_that_survives_the_copy() -> None:
