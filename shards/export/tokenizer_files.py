@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from importlib.metadata import version
 from pathlib import Path
-
-import transformers
 
 from shards.checkpoint.base import Checkpoint
 
@@ -24,7 +23,7 @@ CACHE_LAYOUT = 1
 
 def write_tokenizer(checkpoint: Checkpoint, revision: str, out_dir: Path, cache_dir: Path) -> None:
     """Fill ``out_dir`` with the checkpoint's tokenizer files, from the cache where it has them."""
-    key = f"{revision}-tf{transformers.__version__}-v{CACHE_LAYOUT}"
+    key = f"{revision}-tf{version('transformers')}-v{CACHE_LAYOUT}"
     cached = cache_dir / "tokenizers" / key
     if not cached.is_dir():
         # built beside and renamed into place: a cut-off build never looks finished
