@@ -19,6 +19,7 @@ import torch
 
 from shards.architecture import SUPPORTED_MODEL_TYPES, SUPPORTED_NAMES
 from shards.checkpoint.base import sha256_files
+from shards.checkpoint.gguf_reader import PlainViewGGUFReader
 from shards.errors import CorruptCheckpointError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class GgufCheckpoint:
         self.path = path
         self.source_id = path.name
         try:
-            self._reader = gguf.GGUFReader(str(path))
+            self._reader = PlainViewGGUFReader(str(path))
         except Exception as exc:  # gguf raises ValueError, struct.error, IndexError... on bad files
             raise CorruptCheckpointError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
         arch_field = self._reader.fields.get("general.architecture")

@@ -22,7 +22,7 @@ def _pipeline(folder: Path, cache_dir: Path, *, compact: bool) -> LocalPipeline:
 
 
 def test_rejected_drafts_leave_no_trace(exported: Callable[..., Path], cache_dir: Path) -> None:
-    pipeline = _pipeline(exported(2, "int4"), cache_dir, compact=True)
+    pipeline = _pipeline(exported(3, "int4"), cache_dir, compact=True)
     rng = np.random.default_rng(0)
     for _ in range(3):
         prompt, kept, rejected = (rng.integers(100, 40000, size=(1, n)) for n in (60, 1, 4))
@@ -43,7 +43,7 @@ def test_rejected_drafts_leave_no_trace(exported: Callable[..., Path], cache_dir
         assert float(np.abs(rewound - never_saw).max()) < 1e-3
 
 
-@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("stages", [1, 3])
 def test_speculative_greedy_equals_plain_in_the_default_precision(
     stages: int, exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
 ) -> None:

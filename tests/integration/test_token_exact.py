@@ -38,13 +38,11 @@ def test_fp32_stages_match_transformers(
     assert worst < 1e-2
 
 
-@pytest.mark.parametrize("stages", [2, 3])
-def test_int4_stages_match_one_stage(
-    stages: int, exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
-) -> None:
+def test_int4_stages_match_one_stage(exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]) -> None:
+    """A first, a middle and a last stage (3 stages) against the whole model in one."""
     # f32 execution: in bf16 the CPU plugin rounds differently at a cut (see RuntimeConfig.precision)
     single = _pipeline(exported(1, "int4"), cache_dir, precision="f32")
-    split = _pipeline(exported(stages, "int4"), cache_dir, precision="f32")
+    split = _pipeline(exported(3, "int4"), cache_dir, precision="f32")
     for ids in chat_ids:
         expected, _ = greedy(single.new_session(), ids)
         actual, _ = greedy(split.new_session(), ids)
