@@ -82,7 +82,7 @@ def chat_ids(exported: Callable[..., Path]) -> list[list[int]]:
     """Token ids of the test prompts under the export's chat template."""
     from agent.head.chat import ChatTokenizer
 
-    tokenizer = ChatTokenizer(exported(1, "fp32") / "tokenizer")
+    tokenizer = ChatTokenizer(exported(2, "fp32") / "tokenizer")
     return [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
 
 

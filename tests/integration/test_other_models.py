@@ -43,7 +43,7 @@ def _hf_greedy(model: torch.nn.Module, ids: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(exported: Callable[..., Path]) -> Path:
-    return exported(1, "fp32") / "tokenizer"
+    return exported(2, "fp32") / "tokenizer"
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def distributions(exported: Callable[..., Path], cache_dir: Path,
         pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
         return pipeline.new_session().step(np.asarray([chat_ids[1]], dtype=np.int64))[0].copy()
 
-    target, draft = logits(exported(1, "fp32")), logits(exported(1, "int4"))
+    target, draft = logits(exported(2, "fp32")), logits(exported(1, "int4"))
     cases = []
     for start in POSITIONS:
         p = [sampling_distribution(target[start + i], PARAMS) for i in range(K + 1)]
