@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,16 +16,29 @@ import torch
 from shards.errors import CorruptCheckpointError, ShoalError
 
 
-def shoal(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def assert_one_line_failure(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+def shoal(*args: str, cache: Path) -> CliResult:
+    """``shoal ARGS`` through the CLI's ``main``, in this process: a new Python would spend ~12 s importing
+    transformers and torch before reaching the check under test (one test, ``test_generate_prints_only_the
+    _completion``, runs the real command line in its own process)."""
+    from agent.cli.main import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(["--cache-dir", str(cache), *args])
+        except SystemExit as exc:  # argparse's own refusals
+            code = exc.code if isinstance(exc.code, int) else 1
+    return CliResult(code, stdout.getvalue(), stderr.getvalue())
+
+
+def assert_one_line_failure(result: CliResult, *needles: str) -> None:
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("shoal: error:")]
