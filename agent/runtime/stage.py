@@ -151,10 +151,14 @@ class CompiledStage:
         try:
             # Compiling from the path (not a read model) lets OpenVINO use its model cache.
             self.compiled = self.core.compile_model(str(xml), self.device, props)
-            if config.fast_prefill and splits_prefill(self.device, weights, config,
-                                                      default_inference_precision(self.core, self.device)):
-                self.prefill_compiled = self.core.compile_model(
-                    str(xml), self.device, compile_properties(self.device, weights, config, prefill=True))
+            if config.fast_prefill:
+                default = default_inference_precision(self.core, self.device)
+                if splits_prefill(self.device, weights, config, default):
+                    self.prefill_compiled = self.core.compile_model(
+                        str(xml), self.device, compile_properties(self.device, weights, config, prefill=True))
+                else:
+                    log.info("%s: no prefill compilation (%s weights, precision %s, %s computes in %s by default)",
+                             graph.name, weights, config.precision, self.device, default)
         except RuntimeError as exc:
             raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
         log.info("compiled %s (layers %d-%d) on %s", graph.name, graph.layer_start, graph.layer_stop - 1,
