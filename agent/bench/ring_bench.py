@@ -720,8 +720,8 @@ class Ring:
         return shot
 
     def _head_snapshot(self) -> _Snapshot:
-        return _Snapshot(at=time.perf_counter(), loop_cpu=time.thread_time(),
-                         loop_kernel=resource.getrusage(resource.RUSAGE_THREAD).ru_stime,
+        cpu = resource.getrusage(resource.RUSAGE_THREAD)  # this thread's: the event loop's
+        return _Snapshot(at=time.perf_counter(), loop_cpu=cpu.ru_utime + cpu.ru_stime, loop_kernel=cpu.ru_stime,
                          executor=dict(self.executor.seconds),
                          infer=sum(t.infer_s for t in self.timers), ov_latency=sum(t.latency_s for t in self.timers))
 
@@ -1339,9 +1339,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                     f"| {cell['latency_ms']:g} | {name} | {s['wall_ms']:.2f} | {s['head_stage_ms']:.2f} "
                     f"({s['head_infer_ms']:.2f}) | {s['draft_ms']:.2f} | "
                     + " / ".join(f"{v:.2f}" for v in s["agents_compute_ms"])
-                    + f" | {s.get('head_loop_python_ms', s['head_loop_cpu_ms']):.2f} + "
-                    f"{s['head_executor_python_ms']:.2f} = {100 * s['python_share']:.1f} % | "
-                    f"{s.get('head_loop_kernel_ms', 0.0):.2f} | {s['wire_and_rest_ms']:.2f} | "
+                    + f" | {s['head_loop_python_ms']:.2f} + {s['head_executor_python_ms']:.2f} = "
+                    f"{100 * s['python_share']:.1f} % | {s['head_loop_kernel_ms']:.2f} | {s['wire_and_rest_ms']:.2f} | "
                     + " / ".join(f"{v:.2f}" for v in s["agents_other_cpu_ms"])
                     + f" | {s['steps_per_token']:.2f} |")
         if split_rows:
