@@ -156,8 +156,8 @@ class RingSettings:
     quiet_wait: float = 0.0
     draft_model: str | None = None
     """SOURCE of a separate draft model (a 1-stage export) for the model drafters; None: the defaults."""
-    compact_rewind: bool = False
-    """Stages drop rejected drafts from the KV state instead of masking them (``RuntimeConfig``)."""
+    rewind: str = "auto"
+    """How the head's stage and the agents forget rejected drafts (``RuntimeConfig.rewind``)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RingSettings:
@@ -215,7 +215,7 @@ class RingSettings:
             agent_core=agent_core,
             prompt=args.prompt or DEFAULT_PROMPT,
             quiet_wait=max(0.0, args.quiet_wait or 0.0),
-            compact_rewind=args.compact_rewind,
+            rewind=args.rewind,
             draft_model=args.draft_model,
         )
 
@@ -274,8 +274,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--prompt", default=None, help="user message (default: add type hints to a 15-line function)")
     b.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
                    help="before each round, wait up to SECONDS for other processes to leave the machine (default 0)")
-    b.add_argument("--compact-rewind", action="store_true",
-                   help="the head and the agents drop rejected drafts from the KV cache instead of masking them")
+    b.add_argument("--rewind", choices=("auto", "mask", "compact"), default="auto",
+                   help="how the head and the agents forget rejected drafts (as `shoal agent --rewind`)")
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
 
@@ -419,10 +419,10 @@ class AgentProcess:
     """One ``shoal agent`` serving one stage, pinned to a core with taskset, one inference thread."""
 
     def __init__(self, export: Path, stage: int, identity: Path, core: int, cache_dir: Path, log: Path,
-                 next_address: tuple[str, int] | None, compact_rewind: bool = False) -> None:
+                 next_address: tuple[str, int] | None, rewind: str = "auto") -> None:
         command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "agent", str(export),
                    "--stage", str(stage), "--identity", str(identity), "--listen", "127.0.0.1:0", "--threads", "1",
-                   "--device", "CPU", "--no-verify", *(["--compact-rewind"] if compact_rewind else [])]
+                   "--device", "CPU", "--no-verify", "--rewind", rewind]
         if next_address is not None:
             command += ["--next", f"{next_address[0]}:{next_address[1]}"]
         preexec = None
@@ -611,7 +611,7 @@ class Ring:
             agent = AgentProcess(self.exports.ring, index, identity.cert.parent, self.settings.agent_core,
                                  self.cache_dir,
                                  self.log_dir / f"{_slug(self.setup.model)}-{stages}stage-agent{index}.log",
-                                 addresses.get(index + 1), self.settings.compact_rewind)
+                                 addresses.get(index + 1), self.settings.rewind)
             self.agents.insert(0, agent)
             _progress(f"{self.setup.label}: starting the agent of stage {index} on core {self.settings.agent_core}")
             direct = agent.wait_ready()
@@ -632,7 +632,7 @@ class Ring:
         export = self.exports.ring
         self.manifest = Manifest.load(export)
         config = RuntimeConfig(device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache",
-                               compact_rewind=self.settings.compact_rewind)
+                               rewind=self.settings.rewind)
         _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
         stage0 = CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)
         self.client = RingClient(self.manifest, self.proxied[0], self.proxied[-1], client_context(identity),
@@ -1260,6 +1260,17 @@ HEADER = ["ms/hop", "config", "tok/s median (min-max)", "per user", "acceptance"
           "paired × pp (min-max)", "stage busy % (head / agents)", "others busy % median (max)"]
 
 
+def _rewind_sentence(settings: dict[str, Any]) -> str:
+    """How the run's stages forgot rejected drafts (results from before ``--rewind`` masked, or compacted)."""
+    rewind = settings.get("rewind") or ("compact" if settings.get("compact_rewind") else "mask")
+    return {
+        "auto": " Stages cut rejected drafts out of the KV state wherever masking them would be inexact "
+                "(`--rewind auto`: every CPU stage computing in the default precision).",
+        "compact": " Stages cut rejected drafts out of the KV state (`--rewind compact`).",
+        "mask": " Stages mask rejected drafts out of attention (`--rewind mask`).",
+    }[rewind]
+
+
 def render_table(report: dict[str, Any]) -> str:
     lines = [f"shoal bench ring: {report['settings']['runs']} runs per configuration; "
              f"{report['machine'].get('cpu', '?')}"]
@@ -1297,8 +1308,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         "tok/s excludes each user's first token; 2-user configurations are two concurrent sessions of the same "
         "prompt from the one head. Latency = one-way delay per hop added by a userspace proxy in front of each "
         "agent's port (in the path at 0 ms too); N stages = N hops per ring token."
-        + (" Stages drop rejected drafts from the KV state (`--compact-rewind`)." if settings.get("compact_rewind")
-           else ""),
+        + _rewind_sentence(settings),
         "",
         "Prompt (user message, chat template applied): " + json.dumps(settings["prompt"]),
         "",

@@ -33,7 +33,7 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "threads": args.threads,
         "precision": args.precision,
         "fast_prefill": args.fast_prefill,
-        "compact_rewind": args.compact_rewind,
+        "rewind": args.rewind,
         "max_sessions": args.max_sessions,
         "wire_dtype": args.wire_dtype,
         "verify": False if args.no_verify else None,

@@ -48,7 +48,7 @@ def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> i
                           identity_dir(args.identity, data_dir) if ring else None, not args.no_verify, args.depth)
     config = RuntimeConfig(
         device=args.device, threads=args.threads, cache_dir=cache_dir / "ov-cache", precision=args.precision,
-        fast_prefill=args.fast_prefill, compact_rewind=args.compact_rewind,
+        fast_prefill=args.fast_prefill, rewind=args.rewind,
     )
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     asyncio.run(stream_answer(args.export_dir, args.prompt, params, config, options, args.max_tokens))

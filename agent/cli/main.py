@@ -71,9 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inference precision (f32: token-identical across stage splits, slower)")
     p.add_argument("--fast-prefill", action="store_true",
                    help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
-    p.add_argument("--compact-rewind", action="store_true",
-                   help="drop rejected drafts from the KV cache (a copy) instead of masking them: speculative "
-                        "greedy then equals plain greedy under the default precision")
+    p.add_argument("--rewind", choices=("auto", "mask", "compact"), default="auto",
+                   help="how stages forget rejected drafts: mask them out (free; exact in f32 only) or cut them "
+                        "out of the KV cache (a copy; speculative greedy then equals plain greedy in every "
+                        "precision); auto: cut where masking is inexact (default)")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
     p.add_argument("--drafter", choices=DRAFTERS, default="auto",
                    help="speculative decoding: the export's draft graph, n-gram prompt lookup, n-gram where the "
@@ -109,8 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default=None)
     p.add_argument("--fast-prefill", action="store_true", default=None,
                    help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
-    p.add_argument("--compact-rewind", action="store_true", default=None,
-                   help="drop rejected drafts from the KV cache (a copy) instead of masking them")
+    p.add_argument("--rewind", choices=("auto", "mask", "compact"), default=None,
+                   help="how stages forget rejected drafts: mask them out (free; exact in f32 only) or cut them "
+                        "out of the KV cache (a copy; speculative greedy then equals plain greedy in every "
+                        "precision); auto: cut where masking is inexact (default)")
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
     p.add_argument("--wire-dtype", choices=("f32", "f16"), default=None, help="hidden states on the wire")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")

@@ -59,7 +59,7 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConf
     """Settings from the TOML file ``path`` (if any), then ``overrides`` (flags that were given).
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
-    device, threads, precision, fast_prefill, compact_rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify.
+    device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify.
     """
     values: dict[str, Any] = {}
     if path is not None:

@@ -347,6 +347,9 @@ class StageServer:
             "stages": list(self.config.stages),
             "is_last": self.is_last,
             "device": self.stages[0].device,
+            "rewind": "compact" if self.stages[0].compact_rewind else "mask",
+            # whether speculative greedy decoding here equals plain decoding (null: not measured on this device)
+            "exact_speculation": self.stages[0].exact_speculation,
             "sessions": [f"{s:016x}" for s in self.table.sessions],
             "max_sessions": self.table.capacity,
             "steps_served": self.steps_served,

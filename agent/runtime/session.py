@@ -3,9 +3,9 @@
 Speculative decoding feeds K draft tokens and then keeps only the accepted ones. Trimming an
 OpenVINO state costs a copy per call; instead the rejected positions stay in the cache and are
 masked out of ``attention_mask`` on every later step, while ``position_ids`` follow the logical
-length (the number of kept tokens). In f32 and bf16 the result equals a trimmed cache, at no cost per
-rewind. With activations quantized on the fly it does not quite (see ``RuntimeConfig.compact_rewind``):
-a session can then compact instead, copying the state without the rejected positions.
+length (the number of kept tokens). Where the graph computes in f32 the result equals a trimmed cache,
+at no cost per rewind. In lower precisions it does not quite (see ``RuntimeConfig.rewind``): a session
+then compacts instead, copying the state without the rejected positions.
 """
 
 from __future__ import annotations

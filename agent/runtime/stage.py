@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 KNOWN_DEVICES = ("AUTO", "CPU", "GPU", "NPU")
 PRECISIONS = ("auto", "f32", "bf16", "f16")
+REWINDS = ("auto", "mask", "compact")
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,23 @@ class RuntimeConfig:
     with AMX, for twice the stage's memory (each compilation packs its own copy of the weights). Where the
     plugin's default is f32 anyway (a CPU without bf16 or f16), nothing would be gained and the stage
     compiles once."""
-    compact_rewind: bool = False
-    """Rewind by dropping rejected positions from the KV state (one copy of the state per rewind) instead
-    of masking them out. With activations quantized on the fly the CPU plugin lets masked positions move
-    later logits (by up to ~0.6 on SmolLM2: its quantization groups appear to run along the sequence), so
-    speculative greedy decoding drifts from plain decoding; compacted, it is token-identical. The KV
-    cache is then kept in f16 (u8 would be re-quantized by the copy)."""
+    rewind: str = "auto"
+    """How a session forgets rejected drafts (``REWINDS``). ``mask``: they stay in the KV state, masked
+    out of attention; free. ``compact``: they are cut out of the state, one copy per rewind (measured on
+    a Xeon with AMX, 250 positions: ~5 ms for 12 SmolLM2 layers, ~6 ms for 11 Qwen-1.5B layers).
+    What keeps speculative greedy decoding token-identical to plain decoding (CPU plugin, OpenVINO
+    2026.4, measured on SmolLM2): a graph computed in f32 throughout (``precision`` f32, or float
+    weights) with either rewind; in lower precisions (activations quantized on the fly, the default for
+    int4/int8, or bf16) masked positions move later logits by up to ~0.8, so only compaction on one
+    thread is exact; on several threads those precisions also round a step of K+1 positions differently
+    from K+1 steps of one, and no rewind is exact. ``auto``: compact where that makes decoding exact
+    (CPU, one thread, below f32), else mask."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise RuntimeStageError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+        if self.rewind not in REWINDS:
+            raise RuntimeStageError(f"rewind must be one of {', '.join(REWINDS)}, not {self.rewind!r}")
 
 
 def choose_device(requested: str, available: list[str]) -> str:
@@ -92,20 +100,44 @@ def default_inference_precision(core: ov.Core, device: str) -> str:
     return core.get_property(device, "INFERENCE_PRECISION_HINT").to_string()
 
 
+def compacts_on_rewind(device: str, weights: str, config: RuntimeConfig) -> bool:
+    """Whether sessions of a stage cut rejected drafts out of the KV state (see ``RuntimeConfig.rewind``)."""
+    if config.rewind != "auto":
+        return config.rewind == "compact"
+    return device == "CPU" and config.threads == 1 and not _computes_in_f32(weights, config)
+
+
+def speculation_is_exact(device: str, weights: str, config: RuntimeConfig) -> bool | None:
+    """Whether speculative greedy decoding on this stage equals plain greedy decoding (None: not measured,
+    another device). See ``RuntimeConfig.rewind`` for the measurements behind it."""
+    if device != "CPU":
+        return None
+    return _computes_in_f32(weights, config) or (config.threads == 1 and compacts_on_rewind(device, weights, config))
+
+
+def _computes_in_f32(weights: str, config: RuntimeConfig) -> bool:
+    """f32 activations, KV cache and matmuls throughout (``compile_properties`` makes it so)."""
+    return config.precision == "f32" or weights in ("fp32", "fp16")
+
+
 def _quantizes_on_the_fly(device: str, weights: str, config: RuntimeConfig) -> bool:
     return config.precision == "auto" and device == "CPU" and weights in ("int4", "int8")
 
 
-def compile_properties(device: str, weights: str, config: RuntimeConfig, *, prefill: bool = False) -> dict[str, str]:
-    """OpenVINO properties for compiling one stage graph (``prefill``: its long-step compilation)."""
+def compile_properties(device: str, weights: str, config: RuntimeConfig, *, prefill: bool = False,
+                       default_precision: str = "f32") -> dict[str, str]:
+    """OpenVINO properties for compiling one stage graph (``prefill``: its long-step compilation;
+    ``default_precision``: what the device computes in when not told, see ``default_inference_precision``)."""
     props = {"PERFORMANCE_HINT": "LATENCY"}
     if config.cache_dir is not None:
         props["CACHE_DIR"] = str(config.cache_dir)
     if device == "CPU" and config.threads:
         props["INFERENCE_NUM_THREADS"] = str(config.threads)
-    if config.compact_rewind and device == "CPU":
-        # The state is read and written back on every rewind: u8 would be quantized anew each time.
-        props["KV_CACHE_PRECISION"] = "f16"
+    if device == "CPU" and compacts_on_rewind(device, weights, config):
+        # The state is read out and written back on every rewind: u8 would be quantized anew each time.
+        # bf16 where the CPU computes in it (its state copies and steps were the fastest measured: f16
+        # made both slower on a Xeon with AMX), f32 elsewhere; an f32 graph overrides this below.
+        props["KV_CACHE_PRECISION"] = "bf16" if default_precision == "bf16" else "f32"
     if _quantizes_on_the_fly(device, weights, config) and not prefill:
         # f32 activations: the plugin then quantizes them to int8 on the fly (its default) for int8 kernels
         props["INFERENCE_PRECISION_HINT"] = "f32"
@@ -140,29 +172,35 @@ class CompiledStage:
         core: ov.Core | None = None,
     ) -> None:
         self.graph = graph
-        self.compact_rewind = config.compact_rewind
         self.core = core or ov.Core()
         self.device = choose_device(config.device, self.core.available_devices)
+        self.compact_rewind = compacts_on_rewind(self.device, weights, config)
         if config.cache_dir is not None:
             config.cache_dir.mkdir(parents=True, exist_ok=True)
-        props = compile_properties(self.device, weights, config)
+        default = default_inference_precision(self.core, self.device)
+        props = compile_properties(self.device, weights, config, default_precision=default)
         xml = export_dir / graph.xml
         self.prefill_compiled: ov.CompiledModel | None = None
         try:
             # Compiling from the path (not a read model) lets OpenVINO use its model cache.
             self.compiled = self.core.compile_model(str(xml), self.device, props)
             if config.fast_prefill:
-                default = default_inference_precision(self.core, self.device)
                 if splits_prefill(self.device, weights, config, default):
                     self.prefill_compiled = self.core.compile_model(
-                        str(xml), self.device, compile_properties(self.device, weights, config, prefill=True))
+                        str(xml), self.device,
+                        compile_properties(self.device, weights, config, prefill=True, default_precision=default))
                 else:
                     log.info("%s: no prefill compilation (%s weights, precision %s, %s computes in %s by default)",
                              graph.name, weights, config.precision, self.device, default)
         except RuntimeError as exc:
             raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
-        log.info("compiled %s (layers %d-%d) on %s", graph.name, graph.layer_start, graph.layer_stop - 1,
-                 self.device)
+        self.exact_speculation = speculation_is_exact(self.device, weights, config)
+        log.info("compiled %s (layers %d-%d) on %s, rewind by %s", graph.name, graph.layer_start,
+                 graph.layer_stop - 1, self.device, "compaction" if self.compact_rewind else "mask")
+        if self.exact_speculation is False:
+            log.warning("%s: speculative greedy decoding may differ from plain decoding here (precision %s, "
+                        "%s threads): for token-identical output use --threads 1 or --precision f32",
+                        graph.name, config.precision, config.threads or "all")
 
     def new_session(self) -> StageSession:
         """A fresh KV state for one conversation."""

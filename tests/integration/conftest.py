@@ -25,3 +25,12 @@ def ring3(exported: Callable[..., Path], fleet: Fleet, cache_dir: Path) -> Itera
     yield agents
     for agent in agents:
         agent.stop()
+
+
+@pytest.fixture(scope="module")
+def ring3_int4(exported: Callable[..., Path], fleet: Fleet, cache_dir: Path) -> Iterator[list[AgentProcess]]:
+    """Three one-thread agents over the int4 3-stage export, every other runtime setting at its default."""
+    agents = start_ring(exported(3, "int4"), fleet, cache_dir, 3, prefix="int4-node", extra=["--threads", "1"])
+    yield agents
+    for agent in agents:
+        agent.stop()

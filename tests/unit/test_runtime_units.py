@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from agent.head.sampling import Sampler, SamplingParams
-from agent.runtime.stage import RuntimeConfig, choose_device, compile_properties, splits_prefill
+from agent.runtime.stage import (
+    RuntimeConfig,
+    choose_device,
+    compacts_on_rewind,
+    compile_properties,
+    speculation_is_exact,
+    splits_prefill,
+)
 from shards.errors import RuntimeStageError, ShoalError
 
 
@@ -42,7 +49,7 @@ def test_float_exports_compile_exact() -> None:
 def test_compressed_exports_on_the_cpu_decode_with_f32_activations() -> None:
     """int4/int8 on the CPU: f32 activations quantized on the fly (no KV or dynamic-quantization overrides);
     long steps get a second compilation in the plugin's default precision only when asked for."""
-    decode = compile_properties("CPU", "int4", RuntimeConfig())
+    decode = compile_properties("CPU", "int4", RuntimeConfig(rewind="mask"))
     assert decode["INFERENCE_PRECISION_HINT"] == "f32"
     assert "KV_CACHE_PRECISION" not in decode and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in decode
     assert not splits_prefill("CPU", "int4", RuntimeConfig(), "bf16")
@@ -58,13 +65,36 @@ def test_compressed_exports_on_the_cpu_decode_with_f32_activations() -> None:
     assert not splits_prefill("CPU", "fp32", RuntimeConfig(fast_prefill=True), "bf16")
 
 
+def test_rewinds_compact_where_that_makes_speculation_exact() -> None:
+    """Measured (``RuntimeConfig.rewind``): f32 graphs are exact with masking on any thread count; below
+    f32 only compaction on one thread is; on several threads nothing is, so ``auto`` masks (it is free)."""
+    one = RuntimeConfig(threads=1)
+    assert compacts_on_rewind("CPU", "int4", one) and speculation_is_exact("CPU", "int4", one)
+    assert compacts_on_rewind("CPU", "int8", RuntimeConfig(threads=1, precision="bf16"))
+    assert not compacts_on_rewind("CPU", "int4", RuntimeConfig(threads=1, precision="f32"))
+    assert speculation_is_exact("CPU", "int4", RuntimeConfig(precision="f32"))
+    assert not compacts_on_rewind("CPU", "fp32", one) and speculation_is_exact("CPU", "fp32", RuntimeConfig())
+    assert not compacts_on_rewind("CPU", "int4", RuntimeConfig())  # all cores
+    assert speculation_is_exact("CPU", "int4", RuntimeConfig(threads=2)) is False
+    assert speculation_is_exact("CPU", "int4", RuntimeConfig(threads=1, rewind="mask")) is False
+    assert not compacts_on_rewind("GPU.0", "int4", one) and speculation_is_exact("GPU.0", "int4", one) is None
+    assert compacts_on_rewind("GPU.0", "fp32", RuntimeConfig(rewind="compact"))
+    with pytest.raises(RuntimeStageError, match="rewind"):
+        RuntimeConfig(rewind="trim")
+
+
 def test_compacted_sessions_keep_a_kv_cache_that_survives_the_copy() -> None:
-    """u8 KV would be quantized anew by every compaction: compact_rewind keeps f16 (f32 where asked)."""
-    assert compile_properties("CPU", "int4", RuntimeConfig(compact_rewind=True))["KV_CACHE_PRECISION"] == "f16"
-    assert compile_properties("CPU", "int4", RuntimeConfig(compact_rewind=True), prefill=True)[
-        "KV_CACHE_PRECISION"] == "f16"
-    assert compile_properties("CPU", "fp32", RuntimeConfig(compact_rewind=True))["KV_CACHE_PRECISION"] == "f32"
-    assert "KV_CACHE_PRECISION" not in compile_properties("GPU.0", "int4", RuntimeConfig(compact_rewind=True))
+    """u8 KV would be quantized anew by every compaction: bf16 where the CPU computes in it, else f32."""
+    def kv(weights: str, config: RuntimeConfig, **kwargs: object) -> str | None:
+        return compile_properties("CPU", weights, config, **kwargs).get("KV_CACHE_PRECISION")  # type: ignore[arg-type]
+
+    one = RuntimeConfig(threads=1)
+    assert kv("int4", one, default_precision="bf16") == "bf16"
+    assert kv("int4", one, prefill=True, default_precision="bf16") == "bf16"
+    assert kv("int4", one, default_precision="f32") == "f32"
+    assert kv("int4", RuntimeConfig(rewind="compact", precision="f32"), default_precision="bf16") == "f32"
+    assert kv("int4", RuntimeConfig(rewind="mask")) is None  # the plugin's own choice (u8)
+    assert "KV_CACHE_PRECISION" not in compile_properties("GPU.0", "int4", RuntimeConfig(rewind="compact"))
 
 
 def test_greedy_picks_argmax() -> None:

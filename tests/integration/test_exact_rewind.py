@@ -1,5 +1,6 @@
-"""``compact_rewind``: with activations quantized on the fly (int4 on the CPU, the default precision),
-rejected drafts must leave no trace, and speculative greedy decoding must equal plain decoding."""
+"""Compacting rewinds (``RuntimeConfig.rewind``, the default on the CPU for int4 in the default precision,
+where activations are quantized on the fly): rejected drafts must leave no trace, and speculative greedy
+decoding must equal plain decoding."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ from shards.manifest import Manifest
 from tests.integration.local_decode import greedy_tokens
 
 
-def _pipeline(folder: Path, cache_dir: Path, *, compact: bool) -> LocalPipeline:
-    config = RuntimeConfig(device="CPU", threads=1, cache_dir=cache_dir / "ov", compact_rewind=compact)
-    return LocalPipeline(folder, Manifest.load(folder), config)
+def _default_pipeline(folder: Path, cache_dir: Path) -> LocalPipeline:
+    """Every setting at its default but the device and threads: the stages must choose to compact."""
+    pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", threads=1,
+                                                                          cache_dir=cache_dir / "ov"))
+    assert all(stage.compact_rewind for stage in pipeline.stages)
+    return pipeline
 
 
 def test_rejected_drafts_leave_no_trace(exported: Callable[..., Path], cache_dir: Path) -> None:
-    pipeline = _pipeline(exported(3, "int4"), cache_dir, compact=True)
+    pipeline = _default_pipeline(exported(3, "int4"), cache_dir)
     rng = np.random.default_rng(0)
     for _ in range(3):
         prompt, kept, rejected = (rng.integers(100, 40000, size=(1, n)) for n in (60, 1, 4))
@@ -47,7 +51,7 @@ def test_rejected_drafts_leave_no_trace(exported: Callable[..., Path], cache_dir
 def test_speculative_greedy_equals_plain_in_the_default_precision(
     stages: int, exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
 ) -> None:
-    pipeline = _pipeline(exported(stages, "int4"), cache_dir, compact=True)
+    pipeline = _default_pipeline(exported(stages, "int4"), cache_dir)
     stats = DecodeStats()
     for prompt in chat_ids:
         plain = greedy_tokens(pipeline, prompt)
