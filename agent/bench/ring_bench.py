@@ -1265,7 +1265,7 @@ def _rewind_sentence(settings: dict[str, Any]) -> str:
     rewind = settings.get("rewind") or ("compact" if settings.get("compact_rewind") else "mask")
     return {
         "auto": " Stages cut rejected drafts out of the KV state wherever masking them would be inexact "
-                "(`--rewind auto`: every CPU stage computing in the default precision).",
+                "(`--rewind auto`: every one-thread CPU stage computing below f32).",
         "compact": " Stages cut rejected drafts out of the KV state (`--rewind compact`).",
         "mask": " Stages mask rejected drafts out of attention (`--rewind mask`).",
     }[rewind]

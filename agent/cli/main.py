@@ -16,6 +16,11 @@ from agent.cli.common import layer_counts
 from agent.head.drafters import DRAFTERS
 from shards.errors import ShoalError
 
+REWIND_CHOICES = ("auto", "mask", "compact")  # agent.runtime.stage.REWINDS, without importing OpenVINO here
+REWIND_HELP = ("how stages forget rejected drafts: mask them out (free; exact in f32) or cut them out of the KV "
+               "cache (a copy; exact on one thread in every precision); auto: cut where that makes speculative "
+               "greedy equal plain greedy (default)")
+
 log = logging.getLogger("shoal")
 
 
@@ -71,10 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inference precision (f32: token-identical across stage splits, slower)")
     p.add_argument("--fast-prefill", action="store_true",
                    help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
-    p.add_argument("--rewind", choices=("auto", "mask", "compact"), default="auto",
-                   help="how stages forget rejected drafts: mask them out (free; exact in f32 only) or cut them "
-                        "out of the KV cache (a copy; speculative greedy then equals plain greedy in every "
-                        "precision); auto: cut where masking is inexact (default)")
+    p.add_argument("--rewind", choices=REWIND_CHOICES, default="auto", help=REWIND_HELP)
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
     p.add_argument("--drafter", choices=DRAFTERS, default="auto",
                    help="speculative decoding: the export's draft graph, n-gram prompt lookup, n-gram where the "
@@ -110,10 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default=None)
     p.add_argument("--fast-prefill", action="store_true", default=None,
                    help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
-    p.add_argument("--rewind", choices=("auto", "mask", "compact"), default=None,
-                   help="how stages forget rejected drafts: mask them out (free; exact in f32 only) or cut them "
-                        "out of the KV cache (a copy; speculative greedy then equals plain greedy in every "
-                        "precision); auto: cut where masking is inexact (default)")
+    p.add_argument("--rewind", choices=REWIND_CHOICES, default=None, help=REWIND_HELP)
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
     p.add_argument("--wire-dtype", choices=("f32", "f16"), default=None, help="hidden states on the wire")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")

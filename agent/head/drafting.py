@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from agent.head.cross_drafter import CrossTokenizerDrafter, TextBridge
@@ -48,8 +47,7 @@ def _model_drafter(export_dir: Path, manifest: Manifest, params: SamplingParams,
         draft_export is None or _tokenizer_hashes(draft_manifest) == _tokenizer_hashes(manifest))
     if draft_export is None and not shares_tokenizer:
         raise ShoalError(f"the draft graph in {source} does not share the target's tokenizer")
-    # A draft's rounding never reaches the output (the target judges every token), so its cache masks.
-    stage = CompiledStage(source, graph, draft_manifest.weights, replace(config, rewind="mask"))
+    stage = CompiledStage(source, graph, draft_manifest.weights, config, drafts=True)
     if shares_tokenizer:
         return ModelDrafter(stage, params)
     from transformers import AutoTokenizer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import openvino as ov
@@ -170,8 +170,14 @@ class CompiledStage:
         weights: str,
         config: RuntimeConfig,
         core: ov.Core | None = None,
+        *,
+        drafts: bool = False,
     ) -> None:
+        """``drafts``: a draft model's graph. Its rounding never reaches the output (the target judges every
+        token), so it masks its rewinds (free) and makes no claim about exactness."""
         self.graph = graph
+        if drafts:
+            config = replace(config, rewind="mask")
         self.core = core or ov.Core()
         self.device = choose_device(config.device, self.core.available_devices)
         self.compact_rewind = compacts_on_rewind(self.device, weights, config)
@@ -194,7 +200,7 @@ class CompiledStage:
                              graph.name, weights, config.precision, self.device, default)
         except RuntimeError as exc:
             raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
-        self.exact_speculation = speculation_is_exact(self.device, weights, config)
+        self.exact_speculation = None if drafts else speculation_is_exact(self.device, weights, config)
         log.info("compiled %s (layers %d-%d) on %s, rewind by %s", graph.name, graph.layer_start,
                  graph.layer_stop - 1, self.device, "compaction" if self.compact_rewind else "mask")
         if self.exact_speculation is False:
