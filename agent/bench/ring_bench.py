@@ -158,6 +158,8 @@ class RingSettings:
     """SOURCE of a separate draft model (a 1-stage export) for the model drafters; None: the defaults."""
     rewind: str = "auto"
     """How the head's stage and the agents forget rejected drafts (``RuntimeConfig.rewind``)."""
+    draft_ahead: bool = True
+    """A draft model drafts the next step while a step is answered (``decode(draft_ahead=...)``)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RingSettings:
@@ -217,6 +219,7 @@ class RingSettings:
             quiet_wait=max(0.0, args.quiet_wait or 0.0),
             rewind=args.rewind,
             draft_model=args.draft_model,
+            draft_ahead=not args.no_draft_ahead,
         )
 
     def draft_model_for(self, model: str) -> str | None:
@@ -262,6 +265,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--pilot-runs", type=int, default=2, help="timed pilot runs per drafter")
     b.add_argument("--depth", type=int, default=DEFAULT_DEPTH,
                    help=f"speculative steps of a session in flight at once (default {DEFAULT_DEPTH}; 1: one at a time)")
+    b.add_argument("--no-draft-ahead", action="store_true",
+                   help="the head drafts only after each answer, not while the ring computes")
     b.add_argument("--self-draft", type=int, default=SELF_DRAFT_LAYERS, metavar="N",
                    help=f"layers of the self-draft exported for the draft drafter (default {SELF_DRAFT_LAYERS})")
     b.add_argument("--draft-model", default=None, metavar="SOURCE",
@@ -555,6 +560,9 @@ class RingRun:
     accepted: int
     k_chosen: list[int]
     drafter: str | None
+    drafted_ahead: int = 0
+    """Drafts the head made while a step was answered, and of those the ones sent as made."""
+    ahead_used: int = 0
     head_stage_s: float = 0.0
     head_infer_s: float = 0.0
     head_ov_latency_s: float = 0.0
@@ -759,7 +767,8 @@ class Ring:
             async for token in decode(sessions[i], prompt_ids, max_tokens=tokens, stop_ids=frozenset(),
                                       params=params, context_tokens=self.manifest.context_tokens,
                                       drafter=drafters[i], k_policy=AdaptiveK(), executor=self.executor,
-                                      stats=stats[i], depth=self.settings.depth, turn=self.client.turn):
+                                      stats=stats[i], depth=self.settings.depth, turn=self.client.turn,
+                                      draft_ahead=self.settings.draft_ahead):
                 stamps[i].append(time.perf_counter())
                 outputs[i].append(token)
                 if len(outputs[i]) == 1 and all(stamps):
@@ -808,6 +817,8 @@ class Ring:
             accepted=sum(s.accepted for s in stats),
             k_chosen=[k for s in stats for k in s.k_chosen],
             drafter=drafter_kind,
+            drafted_ahead=sum(s.drafted_ahead for s in stats),
+            ahead_used=sum(s.ahead_used for s in stats),
             head_stage_s=executor.get("_run_local", 0.0),
             head_infer_s=end.infer - begin.infer,
             head_ov_latency_s=end.ov_latency - begin.ov_latency,
@@ -897,6 +908,8 @@ async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[in
                     runs[config].append(done)
                     extra = "" if done.acceptance is None else (
                         f", acceptance {_pct(done.acceptance)}, median K {done.median_k:g}")
+                    if done.drafted_ahead:
+                        extra += f", drafts ahead used {done.ahead_used}/{done.drafted_ahead}"
                     users = "" if len(done.per_user_tok_s) < 2 else (
                         " (per user " + ", ".join(f"{v:.2f}" for v in done.per_user_tok_s) + ")")
                     load = "" if done.foreign_busy is None else f", others {100 * done.foreign_busy:.0f} % busy"

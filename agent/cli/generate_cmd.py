@@ -37,6 +37,8 @@ class HeadOptions:
     verify: bool = True
     depth: int = 1
     """Speculative steps of the session in flight at once (pipelined speculation; useful on a ring only)."""
+    draft_ahead: bool = True
+    """With a ring and a draft model: draft the next step while the ring computes this one."""
 
 
 def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
@@ -45,7 +47,8 @@ def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> i
 
     ring = tuple(parse_address(a) for a in args.ring.split(",")) if args.ring else ()
     options = HeadOptions(args.drafter, args.draft_export, args.k, ring, args.local_stages,
-                          identity_dir(args.identity, data_dir) if ring else None, not args.no_verify, args.depth)
+                          identity_dir(args.identity, data_dir) if ring else None, not args.no_verify, args.depth,
+                          not args.no_draft_ahead)
     config = RuntimeConfig(
         device=args.device, threads=args.threads, cache_dir=cache_dir / "ov-cache", precision=args.precision,
         fast_prefill=args.fast_prefill, rewind=args.rewind,
@@ -94,7 +97,7 @@ async def stream_answer(export_dir: Path, prompt: str, params: SamplingParams, c
         async for token in decode(target, prompt_ids, max_tokens=max_tokens, stop_ids=tokenizer.stop_ids,
                                   params=params, context_tokens=manifest.context_tokens, drafter=drafter,
                                   k_policy=AdaptiveK(fixed=options.k), executor=executor, stats=stats,
-                                  depth=options.depth):
+                                  depth=options.depth, draft_ahead=options.draft_ahead):
             out.write(stream.push(token))
             out.flush()
     finally:

@@ -12,7 +12,7 @@ the proposal distribution as one-hot on the drafted token, and keeps the target'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.head.drafters import Draft
@@ -62,11 +62,13 @@ class CrossTokenizerDrafter:
         self._model = model
         self._bridge = bridge
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
-        """Up to ``k`` target tokens; the draft model stops early below ``min_belief`` (see ``ModelDrafter``)."""
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
+                stop: Callable[[], bool] | None = None) -> Draft:
+        """Up to ``k`` target tokens; the draft model stops early below ``min_belief`` or on ``stop`` (see
+        ``ModelDrafter``)."""
         if k <= 0:
             return Draft([])
-        drafted = self._model.propose(self._bridge.to_draft(context), k, min_belief)
+        drafted = self._model.propose(self._bridge.to_draft(context), k, min_belief, stop)
         ids = self._bridge.continuation(context, self._bridge.draft_text(drafted.tokens))
         # The draft's last token may end inside a word that the target spells differently: cut to k.
         return Draft(ids[:k])

@@ -13,15 +13,22 @@ draft is judged by the last answer of the step before it, so the pieces together
 one long step would be, and a continuation behind a rejected draft is void (rewound with the next step,
 its answer ignored). The target says how deep is useful (``Target.useful_depth``): a ring that other
 sessions already keep busy gains nothing from it and pays for every void step.
+
+Drafting ahead (``draft_ahead``, greedy, a drafter that runs a model): while a step is answered on
+other PCs the head's core has nothing to do, so the loop asks the drafter what it expects the answer to
+end with (the token after the last draft) and what it would draft after that. When the answer keeps
+every draft and ends with that token, the next step's draft is ready and the step goes out at once;
+otherwise the guess is dropped. Nothing is sent on a guess, so outputs cannot change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -33,6 +40,7 @@ from agent.head.generate import check_prompt
 from agent.head.sampling import SamplingParams
 from agent.head.speculative import Verdict, verify_greedy, verify_sampled
 from agent.head.targets import Target
+from agent.head.turn import HeadTurn
 from agent.runtime.readout import StepOutput
 
 
@@ -52,6 +60,10 @@ class DecodeStats:
     """Steps sent behind an unjudged one (pipelined speculation)."""
     voided: int = 0
     """Of those, steps an earlier rejection made void (their positions were computed for nothing)."""
+    drafted_ahead: int = 0
+    """Drafts made ahead, while a step was answered elsewhere."""
+    ahead_used: int = 0
+    """Of those, drafts the answer confirmed and the next step sent as drafted."""
 
     @property
     def acceptance(self) -> float:
@@ -89,8 +101,9 @@ async def decode(
     stats: DecodeStats | None = None,
     depth: int = 1,
     continue_above: float = 0.7,
-    turn: asyncio.Lock | None = None,
+    turn: HeadTurn | asyncio.Lock | None = None,
     belief_stop: bool = True,
+    draft_ahead: bool = True,
     clock: Callable[[], float] = time.perf_counter,
 ) -> AsyncIterator[int]:
     """Yield completion tokens; stops at a stop token (not yielded) or after ``max_tokens``.
@@ -109,6 +122,11 @@ async def decode(
     ``belief_stop``: a draft model (``drafter.stops_on_belief``) drafts until its own chance that all
     its tokens are kept falls below what one more position costs (``AdaptiveK.belief_floor``), rather
     than a fixed K per step; the K controller still decides whether to draft at all.
+
+    ``draft_ahead``: with a greedy drafter that runs a model and a target that answers on other PCs
+    (``Target.answers_elsewhere``), draft the next step while this one is answered (module docstring).
+    The drafting holds ``turn`` like any other local work, so it fills the head's idle time; with a
+    :class:`~agent.head.turn.HeadTurn` it also stops between tokens once another session waits for it.
     """
     check_prompt(prompt_ids, max_tokens, context_tokens)
     if depth < 1:
@@ -132,8 +150,14 @@ async def decode(
             return min(policy.k_max, 2 * best + 1)
         return policy.choose(evidence)
 
-    async def draft_after(known: list[int], room: int, threshold: float | None) -> tuple[Draft, int | None]:
-        """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much."""
+    async def draft_after(known: list[int], room: int, threshold: float | None,
+                          lead: int = 0) -> tuple[Draft, int | None]:
+        """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much.
+
+        ``lead``: tokens drafted before the draft proper and not counted in its K (drafting ahead: the
+        guess at the token the answer in flight ends with). A draft with a lead is made ahead, so it
+        stops as soon as a session waits for the head's turn."""
+        stop = (lambda: turn.wanted) if lead and isinstance(turn, HeadTurn) else None
         if drafter is None:
             return Draft([]), None
         longest = min(policy.k_max, max(room, 0))
@@ -141,28 +165,31 @@ async def decode(
             # Look up the longest usable draft, then let its evidence decide how much of it to send.
             if isinstance(drafter, HybridDrafter):  # a lookup that may fall back on a model, sized by the loop
                 floor = policy.belief_floor(drafter.MODEL_EVIDENCE) if by_belief else 0.0
-                draft = await loop.run_in_executor(executor, drafter.propose_sized, list(known), longest,
-                                                   model_limit, floor)
+                draft = await loop.run_in_executor(executor, drafter.propose_sized, list(known), longest + lead,
+                                                   lambda evidence: model_limit(evidence) + lead, floor, stop)
             else:
-                draft = drafter.propose(known, longest)
+                draft = drafter.propose(known, longest + lead)
             if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):
                 return Draft([]), None
             if by_belief and isinstance(drafter, HybridDrafter) and draft.evidence == drafter.MODEL_EVIDENCE:
-                return draft, len(draft.tokens)  # the model has cut it where its chances ran out
+                return draft, len(draft.tokens) - lead  # the model has cut it where its chances ran out
             k = policy.choose(draft.evidence)
-            return draft.truncated(k), k
+            return draft.truncated(k + lead), k
         if threshold is not None and policy.alpha < threshold:
             return Draft([]), None
         k = min(model_limit(None), longest)
         if k <= 0:
             return Draft([]), k
         if by_belief:
-            draft = await loop.run_in_executor(executor, drafter.propose, list(known), k,  # type: ignore[call-arg]
-                                               policy.belief_floor())
-            return draft, len(draft.tokens)
+            draft = await loop.run_in_executor(executor, drafter.propose, list(known), k + lead,  # type: ignore[call-arg]
+                                               policy.belief_floor(), stop)
+            return draft, len(draft.tokens) - lead
         if drafter.blocking:
-            return await loop.run_in_executor(executor, drafter.propose, list(known), k), k
-        return drafter.propose(known, k), k
+            return await loop.run_in_executor(executor, drafter.propose, list(known), k + lead), k
+        return drafter.propose(known, k + lead), k
+
+    ahead_possible = (draft_ahead and drafter is not None and drafter.blocking and params.greedy
+                      and target.answers_elsewhere())
 
     started = clock()
     async with hold:
@@ -176,68 +203,129 @@ async def decode(
     judged_steps = 0
     in_flight: deque[_InFlight] = deque()
     carry: StepOutput | None = None  # the answer at the last position judged: it judges the next step's first draft
-    while True:
-        for token in new_tokens:
-            if token in stop_ids:
-                return
-            context.append(token)
-            produced += 1
-            stats.tokens += 1
-            yield token
-            if produced >= max_tokens:
-                return
-        # Room for drafts: every in-flight draft and one more token must fit the budget and the context.
-        room = min(max_tokens - produced, context_tokens - len(context)) - 1
-        if not in_flight:
-            async with hold:
-                begun = clock()
-                draft, k = await draft_after(context, room, None)
-                drafted_at = clock()
-                answer = await target.submit([context[-1], *draft.tokens], rewind, last_only=False)
-            in_flight.append(_InFlight(answer, draft, True, k, begun, drafted_at))
-            rewind = 0
-        while len(in_flight) < depth and len(in_flight) < target.useful_depth():
-            ahead = [t for sent in in_flight for t in sent.draft.tokens]
-            if not in_flight[-1].draft.tokens or len(ahead) >= room:
-                break
-            async with hold:
-                begun = clock()
-                draft, k = await draft_after(context + ahead, room - len(ahead), continue_above)
-                if not draft.tokens:
+    drafting: _DraftAhead | None = None  # a draft being made while the step in flight is answered
+    ready: tuple[Draft, int | None] | None = None  # a draft made ahead that the last answer confirmed
+    try:
+        while True:
+            for token in new_tokens:
+                if token in stop_ids:
+                    return
+                context.append(token)
+                produced += 1
+                stats.tokens += 1
+                yield token
+                if produced >= max_tokens:
+                    return
+            # Room for drafts: every in-flight draft and one more token must fit the budget and the context.
+            room = min(max_tokens - produced, context_tokens - len(context)) - 1
+            if not in_flight:
+                async with hold:
+                    begun = clock()
+                    if ready is not None and room > 0:
+                        draft, k = ready[0].truncated(room), ready[1]
+                    else:
+                        draft, k = await draft_after(context, room, None)
+                    ready = None
+                    drafted_at = clock()
+                    answer = await target.submit([context[-1], *draft.tokens], rewind, last_only=False)
+                in_flight.append(_InFlight(answer, draft, True, k, begun, drafted_at))
+                rewind = 0
+            while len(in_flight) < depth and len(in_flight) < target.useful_depth():
+                ahead = [t for sent in in_flight for t in sent.draft.tokens]
+                if not in_flight[-1].draft.tokens or len(ahead) >= room:
                     break
-                drafted_at = clock()
-                answer = await target.submit(list(draft.tokens), 0, last_only=False)
-            in_flight.append(_InFlight(answer, draft, False, k, begun, drafted_at))
-            stats.continued += 1
+                async with hold:
+                    begun = clock()
+                    draft, k = await draft_after(context + ahead, room - len(ahead), continue_above)
+                    if not draft.tokens:
+                        break
+                    drafted_at = clock()
+                    answer = await target.submit(list(draft.tokens), 0, last_only=False)
+                in_flight.append(_InFlight(answer, draft, False, k, begun, drafted_at))
+                stats.continued += 1
 
-        step = in_flight.popleft()
-        output = await step.answer
-        done = clock()
-        judged = output
-        if not step.leads:
-            assert carry is not None  # a continuation always follows a judged step
-            judged = output.after(carry)
-        verdict = _verify(step.draft, judged, rng, params, bonus=not in_flight)
-        rejected = len(step.draft.tokens) - verdict.accepted
-        if rejected:
-            # Everything fed after the first rejected draft is void: this step's rest and every step behind it.
-            rewind = rejected + sum(len(s.draft.tokens) for s in in_flight)
-            stats.voided += len(in_flight)
-            in_flight.clear()
-        carry = output.last() if in_flight else None
-        if drafter is not None:
-            drafter.commit(len(context) + verdict.accepted)
-            policy.record(len(step.draft.tokens), verdict.accepted, done - step.started,
-                          step.drafted_at - step.started, step.draft.evidence, timed=judged_steps > 0)
-        judged_steps += 1
-        stats.steps += 1
-        stats.drafted += len(step.draft.tokens)
-        stats.accepted += verdict.accepted
-        if step.k is not None:
-            stats.k_chosen.append(step.k)
-        stats.draft_seconds += step.drafted_at - step.started
-        stats.target_seconds += done - step.drafted_at
-        new_tokens = verdict.tokens
+            if ahead_possible and len(in_flight) == 1 and in_flight[0].draft.tokens:
+                sent = list(in_flight[0].draft.tokens)
+                spare = turn.spare() if isinstance(turn, HeadTurn) else hold
+                drafting = _DraftAhead.start(spare, functools.partial(draft_after, context + sent, room - len(sent) - 1,
+                                                                      None, lead=1))
+            step = in_flight.popleft()
+            output = await step.answer
+            # A draft still being made is waited for (its thread cannot be stopped, and it may be right).
+            guess = await drafting.finish() if drafting is not None else None
+            drafting = None
+            done = clock()
+            judged = output
+            if not step.leads:
+                assert carry is not None  # a continuation always follows a judged step
+                judged = output.after(carry)
+            verdict = _verify(step.draft, judged, rng, params, bonus=not in_flight)
+            rejected = len(step.draft.tokens) - verdict.accepted
+            if rejected:
+                # Everything fed after the first rejected draft is void: this step's rest and every step behind it.
+                rewind = rejected + sum(len(s.draft.tokens) for s in in_flight)
+                stats.voided += len(in_flight)
+                in_flight.clear()
+            carry = output.last() if in_flight else None
+            if guess is not None and guess[0].tokens:
+                stats.drafted_ahead += 1
+                (made, k_ahead), kept_all = guess, not rejected and not in_flight
+                if kept_all and len(made.tokens) > 1 and made.tokens[0] == verdict.tokens[-1]:
+                    # The drafter's cache already holds the guess and its continuation: no commit to cut it.
+                    ready = Draft(made.tokens[1:], None, made.evidence), k_ahead
+                    stats.ahead_used += 1
+            if drafter is not None:
+                if ready is None:
+                    drafter.commit(len(context) + verdict.accepted)
+                policy.record(len(step.draft.tokens), verdict.accepted, done - step.started,
+                              step.drafted_at - step.started, step.draft.evidence, timed=judged_steps > 0)
+            judged_steps += 1
+            stats.steps += 1
+            stats.drafted += len(step.draft.tokens)
+            stats.accepted += verdict.accepted
+            if step.k is not None:
+                stats.k_chosen.append(step.k)
+            stats.draft_seconds += step.drafted_at - step.started
+            stats.target_seconds += done - step.drafted_at
+            new_tokens = verdict.tokens
+    finally:
+        if drafting is not None:
+            drafting.abandon()
+
+
+class _DraftAhead:
+    """A draft made while a step is answered elsewhere; it takes the head's turn only once it is free."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self.task: asyncio.Task[tuple[Draft, int | None]] | None = None
+
+    @classmethod
+    def start(cls, hold: contextlib.AbstractAsyncContextManager[object],
+              drafting: Callable[[], Coroutine[object, object, tuple[Draft, int | None]]]) -> _DraftAhead:
+        ahead = cls()
+
+        async def run() -> tuple[Draft, int | None]:
+            async with hold:
+                ahead.running = True
+                return await drafting()
+
+        ahead.task = asyncio.get_running_loop().create_task(run())
+        return ahead
+
+    async def finish(self) -> tuple[Draft, int | None] | None:
+        """The draft, once made; None when it had not begun (it is called off: the answer came first)."""
+        assert self.task is not None
+        if not self.running and not self.task.done():
+            self.abandon()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            return None
+        return await self.task
+
+    def abandon(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
 
 
 def _pick(output: StepOutput, rng: np.random.Generator, params: SamplingParams) -> int:

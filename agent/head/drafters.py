@@ -58,9 +58,11 @@ class Drafter(Protocol):
 class BeliefDrafter(Drafter, Protocol):
     """A drafter that knows its chances (a draft model): it may stop before ``k`` where they run low."""
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
+                stop: Callable[[], bool] | None = None) -> Draft:
         """As :meth:`Drafter.propose`, stopping before the first token at which the drafter's own chance
-        that every drafted token so far is right falls below ``min_belief``."""
+        that every drafted token so far is right falls below ``min_belief``, or where ``stop()``, asked
+        between tokens, says so."""
         ...
 
 
@@ -218,17 +220,17 @@ class HybridDrafter:
         return self.propose_sized(context, k, lambda evidence: k)
 
     def propose_sized(self, context: Sequence[int], k: int, k_for: Callable[[int | None], int],
-                      min_belief: float = 0.0) -> Draft:
+                      min_belief: float = 0.0, stop: Callable[[], bool] | None = None) -> Draft:
         """``propose``, sized by the loop: the model drafts at most ``k_for(MODEL_EVIDENCE)`` tokens (where
         the loop would send none, it is not run), stopping earlier where its own chances fall below
-        ``min_belief``."""
+        ``min_belief`` or ``stop()`` says so."""
         copied = self.ngram.propose(context, k)
         if copied.tokens and (copied.evidence or 0) >= self.min_evidence:
             return copied
         wanted = min(k, self.model_k, k_for(self.MODEL_EVIDENCE))
         if wanted <= 0:
             return Draft([], evidence=self.MODEL_EVIDENCE)
-        drafted = self.model.propose(context, wanted, min_belief)
+        drafted = self.model.propose(context, wanted, min_belief, stop)
         return Draft(drafted.tokens, drafted.dists, self.MODEL_EVIDENCE)
 
     def commit(self, context_len_kept: int) -> None:

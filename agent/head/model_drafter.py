@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -32,10 +32,12 @@ class ModelDrafter:
         self._rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
         self._fed: list[int] = []
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
+                stop: Callable[[], bool] | None = None) -> Draft:
         """Up to ``k`` tokens; fewer where the draft's own chance that every token so far is right falls
         below ``min_belief``: the product of its top probabilities at each position, known before the
-        token there is drawn."""
+        token there is drawn. ``stop``: asked before each further model step; True ends the draft there
+        (drafting ahead yields the head's core to a session that wants it)."""
         if k <= 0:
             return Draft([])
         common = _common_prefix(self._fed, context)
@@ -67,6 +69,8 @@ class ModelDrafter:
                 dists.append(dist)
             tokens.append(token)
             if i < k - 1:
+                if stop is not None and stop():
+                    break
                 logits = self._session.step(np.asarray([[token]], dtype=np.int64), last_only=True)
                 self._fed.append(token)
         return Draft(tokens, None if self._params.greedy else dists)

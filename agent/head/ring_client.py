@@ -19,6 +19,7 @@ import numpy as np
 from agent.errors import FleetBusyError, PeerUnavailableError, ProtocolError, RingError, SessionFailedError
 from agent.head.sampling import SamplingParams
 from agent.head.targets import ignore_unawaited_failure
+from agent.head.turn import HeadTurn
 from agent.runtime.readout import StepOutput
 from agent.runtime.session import StageSession
 from agent.runtime.stage import CompiledStage
@@ -55,7 +56,7 @@ class RingClient:
         self._sessions: dict[int, RingSession] = {}
         self._readers: list[asyncio.Task[None]] = []
         self.failure: RingError | None = None
-        self.turn = asyncio.Lock()
+        self.turn = HeadTurn()
         """The head's core, shared by its sessions: each step's local work (drafting, the head's stages) is
         done holding it (``decode(turn=...)``), so that sessions take whole turns instead of interleaving."""
 
@@ -217,6 +218,9 @@ class RingSession:
         as stages the ring is already full, and a deeper pipeline would only queue drafts that may be void."""
         stages = len(self.client.manifest.stages)
         return max(1, stages // max(1, self.client.open_sessions))
+
+    def answers_elsewhere(self) -> bool:
+        return True  # at least the last stage is an agent: the head waits for the ring
 
     async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
         """Send one step now; the returned future holds its readout. Steps may be submitted before earlier

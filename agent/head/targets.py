@@ -41,6 +41,11 @@ class Target(Protocol):
         sessions wait: more than one only where stages would otherwise idle during a round trip."""
         ...
 
+    def answers_elsewhere(self) -> bool:
+        """True when part of every step is computed off this head (on other PCs), so that the head's core
+        is free while it waits for an answer: time in which the loop may draft ahead."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -69,6 +74,9 @@ class LocalTarget:
 
     def useful_depth(self) -> int:
         return 1  # the stages run one after another in this process: nothing to overlap
+
+    def answers_elsewhere(self) -> bool:
+        return False  # every stage runs on this head's executor: drafting ahead would queue behind them
 
     async def close(self) -> None:
         async with self._order:  # after the steps still in flight

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -11,7 +11,7 @@ from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import Draft
 from agent.head.sampling import SamplingParams
-from tests.unit.test_pipelined_decode import VOCAB, ScriptedTarget, _next_greedy, _plain
+from tests.unit.scripted_target import VOCAB, ScriptedTarget, next_greedy, plain_greedy
 
 pytestmark = pytest.mark.fast
 
@@ -29,11 +29,12 @@ class ConfidentDrafter:
         self.right = right
         self.asked: list[tuple[int, float]] = []
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
+                stop: Callable[[], bool] | None = None) -> Draft:
         self.asked.append((k, min_belief))
         known = list(context)
         for _ in range(k):
-            nxt = _next_greedy(known)
+            nxt = next_greedy(known)
             known.append(nxt if self.right else (nxt + 1) % VOCAB)
         return Draft(known[len(context):])
 
@@ -57,19 +58,19 @@ def _decode(drafter: ConfidentDrafter, stats: DecodeStats, belief_stop: bool = T
 
 def test_a_believed_drafter_drafts_past_the_controllers_k_where_drafting_pays() -> None:
     drafter, stats = ConfidentDrafter(right=True), DecodeStats()
-    assert _decode(drafter, stats) == _plain(PROMPT, 120)
+    assert _decode(drafter, stats) == plain_greedy(PROMPT, 120)
     asked = [k for k, _ in drafter.asked]
     assert max(asked) == 12  # k_max: the drafter's own chances, not one K per class, decide the length
     assert all(floor > 0 for _, floor in drafter.asked)
     # without belief stops the controller's K holds; it starts at k_initial and must learn its way up
     plain_drafter = ConfidentDrafter(right=True)
-    assert _decode(plain_drafter, DecodeStats(), belief_stop=False) == _plain(PROMPT, 120)
+    assert _decode(plain_drafter, DecodeStats(), belief_stop=False) == plain_greedy(PROMPT, 120)
     assert plain_drafter.asked[0][0] == 2 and all(floor == 0.0 for _, floor in plain_drafter.asked)
 
 
 def test_a_confidently_wrong_drafter_is_held_to_the_measured_acceptance() -> None:
     drafter, stats = ConfidentDrafter(right=False), DecodeStats()
-    assert _decode(drafter, stats) == _plain(PROMPT, 120)
+    assert _decode(drafter, stats) == plain_greedy(PROMPT, 120)
     assert stats.accepted == 0
     # its confidence would draft 12 every step; after a few rejections the controller's best K is at most
     # 1 (positions cost next to nothing here), which caps the stretch at 3

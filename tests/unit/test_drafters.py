@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -171,7 +173,8 @@ class _ScriptedModel:
         self.floors: list[float] = []
         self.committed: list[int] = []
 
-    def propose(self, context: list[int], k: int, min_belief: float = 0.0) -> Draft:
+    def propose(self, context: list[int], k: int, min_belief: float = 0.0,
+                stop: Callable[[], bool] | None = None) -> Draft:
         self.asked.append((len(context), k))
         self.floors.append(min_belief)
         return Draft([900 + i for i in range(k)])

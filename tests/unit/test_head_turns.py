@@ -21,7 +21,7 @@ from agent.head.decode import decode
 from agent.head.drafters import Draft
 from agent.head.sampling import SamplingParams
 from agent.runtime.readout import StepOutput
-from tests.unit.test_pipelined_decode import ScriptedTarget, _next_greedy, _plain
+from tests.unit.scripted_target import ScriptedTarget, next_greedy, plain_greedy
 
 JOB_S = 0.004
 TICK_S = 0.025  # answers arrive on these ticks: longer than a step's local work (2 jobs)
@@ -67,7 +67,7 @@ class BlockingOracleDrafter:
         _job(self.jobs, self.name, "draft")
         known = list(context)
         for _ in range(k):
-            known.append((_next_greedy(known) + (1 if len(known) % 4 == 0 else 0)) % 12)
+            known.append((next_greedy(known) + (1 if len(known) % 4 == 0 else 0)) % 12)
         return Draft(known[len(context):])
 
     def commit(self, context_len_kept: int) -> None:
@@ -105,7 +105,7 @@ def _split_turns(jobs: list[tuple[str, str]]) -> int:
 def test_shared_turns_keep_each_steps_local_work_together() -> None:
     jobs, outputs = _two_sessions(shared_turn=True)
     prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
-    assert outputs == [_plain(prompt, 40)] * 2
+    assert outputs == [plain_greedy(prompt, 40)] * 2
     assert sum(1 for _, what in jobs if what == "draft") > 10
     assert _split_turns(jobs) == 0
 

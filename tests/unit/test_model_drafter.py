@@ -79,3 +79,18 @@ def test_sampled_drafts_stop_before_drawing_never_because_of_the_draw() -> None:
         tokens.update(draft.tokens)
     assert lengths == {2}  # top chances 0.9 x 0.8 = 0.72, then x 0.5 = 0.36 < 0.5
     assert tokens - {3}  # draws off the top were sent too
+
+
+def test_a_draft_stops_between_tokens_when_asked() -> None:
+    """Drafting ahead yields the head's core: ``stop`` is asked before every further model step."""
+    stage = ScriptedDraftStage(len(CONTEXT))
+    drafter = ModelDrafter(stage, SamplingParams())  # type: ignore[arg-type]
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(len(stage.session.held))
+        return len(asked) == 2
+
+    draft = drafter.propose(CONTEXT, 5, 0.0, stop)
+    assert draft.tokens == [3, 3] and asked == [len(CONTEXT), len(CONTEXT) + 1]
+    assert stage.session.held == [*CONTEXT, 3]  # the cache holds what was fed, no more

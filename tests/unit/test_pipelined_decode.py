@@ -7,7 +7,7 @@ the wrong positions produces other tokens; outputs must equal plain decoding at 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -18,72 +18,7 @@ from agent.head.decode import DecodeStats, decode
 from agent.head.distribution import SparseDistribution
 from agent.head.drafters import Draft, NGramDrafter
 from agent.head.sampling import SamplingParams
-from agent.runtime.readout import StepOutput
-
-VOCAB = 12
-
-
-def _next_greedy(prefix: Sequence[int]) -> int:
-    """A model that mostly repeats itself with period 7 and breaks the pattern now and then."""
-    n = len(prefix)
-    if n < 7:
-        return (3 * n + 1) % VOCAB
-    return (prefix[-7] + (1 if n % 11 == 0 or n % 17 == 3 else 0)) % VOCAB
-
-
-def _dist_at(position: int) -> np.ndarray:
-    """A context-free sampling target that alternates between two distributions by position parity."""
-    base = np.arange(1, VOCAB + 1, dtype=np.float64)
-    p = base if position % 2 == 0 else base[::-1].copy()
-    return p / p.sum()
-
-
-class ScriptedTarget:
-    """Holds a token list like a stage holds its cache: rewinds drop the tail, steps append."""
-
-    def __init__(self, sampled: bool = False) -> None:
-        self.held: list[int] = []
-        self.sampled = sampled
-        self.submitted = 0
-        self.max_in_flight = 0
-        self._in_flight = 0
-
-    def _answer(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
-        if rewind > len(self.held):
-            raise AssertionError(f"rewind {rewind} past {len(self.held)} held tokens")
-        del self.held[len(self.held) - rewind :]
-        start = len(self.held)
-        self.held.extend(ids)
-        positions = range(start, len(self.held))
-        if last_only:
-            positions = positions[-1:]
-        if self.sampled:
-            return StepOutput(dists=[SparseDistribution.from_probs(_dist_at(p + 1)) for p in positions])
-        return StepOutput(top1=np.array([_next_greedy(self.held[: p + 1]) for p in positions], dtype=np.int32))
-
-    async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
-        return await (await self.submit(ids, rewind, last_only))
-
-    async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
-        answer = self._answer(ids, rewind, last_only)  # steps run in submission order, as on the stages
-        self.submitted += 1
-        self._in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self._in_flight)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[StepOutput] = loop.create_future()
-
-        def deliver() -> None:
-            self._in_flight -= 1
-            future.set_result(answer)
-
-        loop.call_soon(deliver)
-        return future
-
-    def useful_depth(self) -> int:
-        return 8
-
-    async def close(self) -> None:
-        pass
+from tests.unit.scripted_target import VOCAB, ScriptedTarget, dist_at, next_greedy, plain_greedy
 
 
 class AlwaysDrafter:
@@ -109,7 +44,7 @@ class NoisyOracleDrafter(AlwaysDrafter):
     def propose(self, context: Sequence[int], k: int) -> Draft:
         known = list(context)
         for _ in range(k):
-            known.append((_next_greedy(known) + (1 if len(known) % 5 == 0 else 0)) % VOCAB)
+            known.append((next_greedy(known) + (1 if len(known) % 5 == 0 else 0)) % VOCAB)
         return Draft(known[len(context):], evidence=None)
 
 
@@ -126,13 +61,6 @@ def _run(target: ScriptedTarget, prompt: list[int], n: int, params: SamplingPara
     return asyncio.run(go())
 
 
-def _plain(prompt: list[int], n: int) -> list[int]:
-    context = list(prompt)
-    for _ in range(n):
-        context.append(_next_greedy(context))
-    return context[len(prompt):]
-
-
 @pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("drafter", ["ngram", "oracle"])
 def test_greedy_tokens_equal_plain_decoding_at_every_depth(depth: int, drafter: str) -> None:
@@ -141,7 +69,7 @@ def test_greedy_tokens_equal_plain_decoding_at_every_depth(depth: int, drafter: 
     stats = DecodeStats()
     made = NGramDrafter() if drafter == "ngram" else NoisyOracleDrafter()
     out = _run(target, prompt, 150, SamplingParams(), made, depth, stats)
-    assert out == _plain(prompt, 150)
+    assert out == plain_greedy(prompt, 150)
     assert 0 < stats.accepted < stats.drafted  # drafts were both kept and rejected
     # as deep as allowed; steps voided by a rejection may still be on their way while new ones go out
     assert depth <= target.max_in_flight <= 2 * depth - 1
@@ -152,7 +80,7 @@ def test_continuations_wait_for_enough_belief() -> None:
     prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
     target = ScriptedTarget()
     out = _run(target, prompt, 60, SamplingParams(), AlwaysDrafter(), depth=3, continue_above=1.01)
-    assert out == _plain(prompt, 60)
+    assert out == plain_greedy(prompt, 60)
     assert target.max_in_flight == 1
 
 
@@ -168,7 +96,7 @@ def test_sampled_tokens_follow_the_target_when_pipelined(depth: int) -> None:
         for i, token in enumerate(out):
             counts[(len(prompt) + i) % 2][token] += 1
     for parity, observed in counts.items():
-        expected = _dist_at(parity) * observed.sum()
+        expected = dist_at(parity) * observed.sum()
         assert chisquare(observed, expected).pvalue > 1e-4, (parity, observed)
 
 
@@ -189,7 +117,7 @@ def test_the_first_step_after_the_prompt_is_not_timed() -> None:
     assert flags[0] is False and all(flags[1:]) and len(flags) > 3
 
 
-def _draft_dist_at(position: int) -> np.ndarray:
+def _draftdist_at(position: int) -> np.ndarray:
     """A draft that gives token 0 half its mass at odd positions (the target: 12/78) and 0.2 at even ones."""
     q = np.empty(VOCAB)
     q[0] = 0.5 if position % 2 else 0.2
@@ -210,12 +138,13 @@ class SampledBeliefDrafter(AlwaysDrafter):
         self._rng = np.random.default_rng(seed + 1)
         self._stop_on_drawn = stop_on_drawn
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0) -> Draft:
+    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
+                stop: Callable[[], bool] | None = None) -> Draft:
         tokens: list[int] = []
         dists: list[SparseDistribution] = []
         belief = 1.0
         for i in range(k):
-            q = _draft_dist_at(len(context) + i)
+            q = _draftdist_at(len(context) + i)
             dist = SparseDistribution.from_probs(q)
             if not self._stop_on_drawn:
                 belief *= float(q.max())
@@ -246,7 +175,7 @@ def test_belief_stopped_sampled_drafts_keep_the_target_distribution(broken: bool
                    fixed_k=4)
         for i, token in enumerate(out):
             counts[(len(prompt) + i) % 2][token] += 1
-    pvalues = [chisquare(observed, _dist_at(parity) * observed.sum()).pvalue for parity, observed in counts.items()]
+    pvalues = [chisquare(observed, dist_at(parity) * observed.sum()).pvalue for parity, observed in counts.items()]
     assert stats.drafted > 500 and 0 < stats.accepted < stats.drafted  # drafts went out and were judged
     print(f"\ndrafted {stats.drafted}, accepted {stats.accepted}, p-values {pvalues}")
     if broken:
