@@ -53,7 +53,7 @@ async def _generate(client: RingClient, prompt: list[int], params: SamplingParam
         return [t async for t in decode(session, prompt, max_tokens=n, stop_ids=frozenset(), params=params,
                                         context_tokens=client.manifest.context_tokens, drafter=drafter,  # type: ignore[arg-type]
                                         k_policy=AdaptiveK(fixed=k), stats=stats, depth=depth,
-                                        continue_above=continue_above)]
+                                        continue_above=continue_above, turn=client.turn)]
     finally:
         await session.close()
 
@@ -118,9 +118,12 @@ def test_speculative_decoding_is_token_exact(
 
     tokens = asyncio.run(run())
     print(f"\n{drafter}: acceptance {stats.acceptance:.1%} of {stats.drafted} drafted, "
-          f"{stats.tokens / max(stats.steps + len(chat_ids), 1):.2f} tokens per ring step, median K {stats.median_k}")
+          f"{stats.tokens / max(stats.steps + len(chat_ids), 1):.2f} tokens per ring step, median K {stats.median_k}, "
+          f"drafts ahead used {stats.ahead_used} of {stats.drafted_ahead}")
     record_property("acceptance", stats.acceptance)
     assert stats.drafted > 0, "the drafter never drafted: speculation was not exercised"
+    if kind == "draft":  # a model drafts ahead while the ring answers, and some of those drafts went out as made
+        assert stats.ahead_used > 0, "no draft made ahead was used: drafting ahead was not exercised"
     for prompt, spec, plain in zip(PROMPTS, tokens, pipeline_tokens, strict=True):
         assert spec == plain, f"{drafter}: speculative tokens differ from greedy decoding on {prompt!r}"
 
