@@ -204,7 +204,7 @@ async def decode(
     in_flight: deque[_InFlight] = deque()
     carry: StepOutput | None = None  # the answer at the last position judged: it judges the next step's first draft
     drafting: _DraftAhead | None = None  # a draft being made while the step in flight is answered
-    ready: tuple[Draft, int | None] | None = None  # a draft made ahead that the last answer confirmed
+    ready: tuple[Draft, int | None, float] | None = None  # a draft made ahead that the answer confirmed, its time
     try:
         while True:
             for token in new_tokens:
@@ -222,7 +222,9 @@ async def decode(
                 async with hold:
                     begun = clock()
                     if ready is not None and room > 0:
-                        draft, k = ready[0].truncated(room), ready[1]
+                        # Timed as if drafted now: K is chosen by what drafting costs whenever a guess fails,
+                        # and a confirmed guess must not make longer drafts look free.
+                        draft, k, begun = ready[0].truncated(room), ready[1], begun - ready[2]
                     else:
                         draft, k = await draft_after(context, room, None)
                     ready = None
@@ -247,12 +249,13 @@ async def decode(
             if ahead_possible and len(in_flight) == 1 and in_flight[0].draft.tokens:
                 sent = list(in_flight[0].draft.tokens)
                 spare = turn.spare() if isinstance(turn, HeadTurn) else hold
-                drafting = _DraftAhead.start(spare, functools.partial(draft_after, context + sent, room - len(sent) - 1,
-                                                                      None, lead=1))
+                ahead = functools.partial(draft_after, context + sent, room - len(sent) - 1, None, lead=1)
+                drafting = _DraftAhead.start(spare, clock, ahead)
             step = in_flight.popleft()
             output = await step.answer
             # A draft still being made is waited for (its thread cannot be stopped, and it may be right).
             guess = await drafting.finish() if drafting is not None else None
+            ahead_seconds = drafting.seconds if drafting is not None else 0.0
             drafting = None
             done = clock()
             judged = output
@@ -272,7 +275,7 @@ async def decode(
                 (made, k_ahead), kept_all = guess, not rejected and not in_flight
                 if kept_all and len(made.tokens) > 1 and made.tokens[0] == verdict.tokens[-1]:
                     # The drafter's cache already holds the guess and its continuation: no commit to cut it.
-                    ready = Draft(made.tokens[1:], None, made.evidence), k_ahead
+                    ready = Draft(made.tokens[1:], None, made.evidence), k_ahead, ahead_seconds
                     stats.ahead_used += 1
             if drafter is not None:
                 if ready is None:
@@ -298,17 +301,23 @@ class _DraftAhead:
 
     def __init__(self) -> None:
         self.running = False
+        self.seconds = 0.0
+        """How long the drafting took once it had the turn."""
         self.task: asyncio.Task[tuple[Draft, int | None]] | None = None
 
     @classmethod
-    def start(cls, hold: contextlib.AbstractAsyncContextManager[object],
+    def start(cls, hold: contextlib.AbstractAsyncContextManager[object], clock: Callable[[], float],
               drafting: Callable[[], Coroutine[object, object, tuple[Draft, int | None]]]) -> _DraftAhead:
         ahead = cls()
 
         async def run() -> tuple[Draft, int | None]:
             async with hold:
                 ahead.running = True
-                return await drafting()
+                began = clock()
+                try:
+                    return await drafting()
+                finally:
+                    ahead.seconds = clock() - began
 
         ahead.task = asyncio.get_running_loop().create_task(run())
         return ahead

@@ -8,6 +8,7 @@ only by slower decoding: outputs are verified, and stay plain greedy's whatever 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -139,7 +140,7 @@ def test_a_draft_ahead_that_has_not_got_the_turn_is_called_off() -> None:
             return Draft([1, 2]), 1
 
         await turn.acquire()
-        ahead = _DraftAhead.start(turn, drafting)
+        ahead = _DraftAhead.start(turn, time.perf_counter, drafting)
         await asyncio.sleep(0)
         result = await ahead.finish()
         turn.release()
@@ -155,7 +156,7 @@ def test_a_draft_ahead_that_has_the_turn_is_waited_for() -> None:
             await asyncio.sleep(0.01)
             return Draft([1, 2]), 1
 
-        ahead = _DraftAhead.start(asyncio.Lock(), drafting)
+        ahead = _DraftAhead.start(asyncio.Lock(), time.perf_counter, drafting)
         await asyncio.sleep(0)
         return await ahead.finish()
 
