@@ -158,7 +158,7 @@ class RingSettings:
     """SOURCE of a separate draft model (a 1-stage export) for the model drafters; None: the defaults."""
     rewind: str = "auto"
     """How the head's stage and the agents forget rejected drafts (``RuntimeConfig.rewind``)."""
-    draft_ahead: bool = True
+    draft_ahead: bool = False
     """A draft model drafts the next step while a step is answered (``decode(draft_ahead=...)``)."""
 
     @classmethod
@@ -219,7 +219,7 @@ class RingSettings:
             quiet_wait=max(0.0, args.quiet_wait or 0.0),
             rewind=args.rewind,
             draft_model=args.draft_model,
-            draft_ahead=not args.no_draft_ahead,
+            draft_ahead=args.draft_ahead,
         )
 
     def draft_model_for(self, model: str) -> str | None:
@@ -265,8 +265,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--pilot-runs", type=int, default=2, help="timed pilot runs per drafter")
     b.add_argument("--depth", type=int, default=DEFAULT_DEPTH,
                    help=f"speculative steps of a session in flight at once (default {DEFAULT_DEPTH}; 1: one at a time)")
-    b.add_argument("--no-draft-ahead", action="store_true",
-                   help="the head drafts only after each answer, not while the ring computes")
+    b.add_argument("--draft-ahead", action="store_true",
+                   help="a draft model also drafts while the ring computes, on a guess at the answer (opt-in)")
     b.add_argument("--self-draft", type=int, default=SELF_DRAFT_LAYERS, metavar="N",
                    help=f"layers of the self-draft exported for the draft drafter (default {SELF_DRAFT_LAYERS})")
     b.add_argument("--draft-model", default=None, metavar="SOURCE",

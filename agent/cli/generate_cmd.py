@@ -37,7 +37,7 @@ class HeadOptions:
     verify: bool = True
     depth: int = 1
     """Speculative steps of the session in flight at once (pipelined speculation; useful on a ring only)."""
-    draft_ahead: bool = True
+    draft_ahead: bool = False
     """With a ring and a draft model: draft the next step while the ring computes this one."""
 
 
@@ -48,7 +48,7 @@ def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> i
     ring = tuple(parse_address(a) for a in args.ring.split(",")) if args.ring else ()
     options = HeadOptions(args.drafter, args.draft_export, args.k, ring, args.local_stages,
                           identity_dir(args.identity, data_dir) if ring else None, not args.no_verify, args.depth,
-                          not args.no_draft_ahead)
+                          args.draft_ahead)
     config = RuntimeConfig(
         device=args.device, threads=args.threads, cache_dir=cache_dir / "ov-cache", precision=args.precision,
         fast_prefill=args.fast_prefill, rewind=args.rewind,

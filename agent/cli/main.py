@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None, help="fixed number of drafted tokens per step (default: adaptive)")
     p.add_argument("--depth", type=int, default=1,
                    help="with --ring: speculative steps in flight at once, drafts continued past unjudged ones")
-    p.add_argument("--no-draft-ahead", action="store_true",
-                   help="with --ring and a draft model: draft only after each answer, not while the ring computes")
+    p.add_argument("--draft-ahead", action="store_true",
+                   help="with --ring and a draft model: also draft while the ring computes, on a guess at its answer")
     p.add_argument("--ring", default=None, metavar="ADDR[,ADDR]",
                    help="run through agents: HOST:PORT of the first remote stage and of the last (one if the same)")
     p.add_argument("--local-stages", type=int, default=0, help="with --ring: stages this head runs itself")

@@ -18,7 +18,9 @@ Drafting ahead (``draft_ahead``, greedy, a drafter that runs a model): while a s
 other PCs the head's core has nothing to do, so the loop asks the drafter what it expects the answer to
 end with (the token after the last draft) and what it would draft after that. When the answer keeps
 every draft and ends with that token, the next step's draft is ready and the step goes out at once;
-otherwise the guess is dropped. Nothing is sent on a guess, so outputs cannot change.
+otherwise the guess is dropped. Nothing is sent on a guess, so outputs cannot change. Opt-in: on the
+benchmark's answer about a quarter of the guesses held, and the wasted drafting cost more than the
+confirmed ones saved (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ async def decode(
     continue_above: float = 0.7,
     turn: HeadTurn | asyncio.Lock | None = None,
     belief_stop: bool = True,
-    draft_ahead: bool = True,
+    draft_ahead: bool = False,
     clock: Callable[[], float] = time.perf_counter,
 ) -> AsyncIterator[int]:
     """Yield completion tokens; stops at a stop token (not yielded) or after ``max_tokens``.

@@ -20,8 +20,8 @@ def test_defaults_cover_every_setup_and_latency() -> None:
     settings = _settings()
     assert settings.setups == (Setup("qwen2.5-coder-1.5b", 2), Setup("smollm2", 2), Setup("smollm2", 3))
     assert settings.latencies == DEFAULT_LATENCIES
-    assert settings.drafter == "best" and settings.rewind == "auto" and settings.draft_ahead
-    assert not _settings("--no-draft-ahead").draft_ahead
+    assert settings.drafter == "best" and settings.rewind == "auto" and not settings.draft_ahead
+    assert _settings("--draft-ahead").draft_ahead
 
 
 def test_qwen_drafts_with_smollm2_and_a_model_never_drafts_for_itself() -> None:
