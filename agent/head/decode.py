@@ -251,8 +251,8 @@ async def decode(
             if ahead_possible and len(in_flight) == 1 and in_flight[0].draft.tokens:
                 sent = list(in_flight[0].draft.tokens)
                 spare = turn.spare() if isinstance(turn, HeadTurn) else hold
-                ahead = functools.partial(draft_after, context + sent, room - len(sent) - 1, None, lead=1)
-                drafting = _DraftAhead.start(spare, clock, ahead)
+                draft_next = functools.partial(draft_after, context + sent, room - len(sent) - 1, None, lead=1)
+                drafting = _DraftAhead.start(spare, clock, draft_next)
             step = in_flight.popleft()
             output = await step.answer
             # A draft still being made is waited for (its thread cannot be stopped, and it may be right).
