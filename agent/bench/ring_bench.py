@@ -538,6 +538,8 @@ class _Snapshot:
     executor: dict[str, float]
     infer: float
     ov_latency: float
+    kv_cut: float = 0.0
+    """Time the head's stage sessions spent cutting rejected drafts out of their KV state."""
     agent_compute: list[float] = field(default_factory=list)
     agent_steps: list[int] = field(default_factory=list)
     agent_cpu: list[float] = field(default_factory=list)
@@ -565,6 +567,8 @@ class RingRun:
     ahead_used: int = 0
     head_stage_s: float = 0.0
     head_infer_s: float = 0.0
+    head_kv_cut_s: float = 0.0
+    """Of ``head_stage_s``, OpenVINO state copies that cut rejected drafts out of the KV cache."""
     head_ov_latency_s: float = 0.0
     draft_s: float = 0.0
     loop_cpu_s: float = 0.0
@@ -605,6 +609,7 @@ class Ring:
         self.executor = TimingExecutor()
         self.drafters: dict[str, list[Any]] = {}
         self.timers: list[Any] = []
+        self.local_sessions: list[Any] = []  # the head's stage sessions of the running configuration
 
     # bring-up ------------------------------------------------------------------------------------
     def start_processes(self) -> None:
@@ -731,7 +736,8 @@ class Ring:
         cpu = resource.getrusage(resource.RUSAGE_THREAD)  # this thread's: the event loop's
         return _Snapshot(at=time.perf_counter(), loop_cpu=cpu.ru_utime + cpu.ru_stime, loop_kernel=cpu.ru_stime,
                          executor=dict(self.executor.seconds),
-                         infer=sum(t.infer_s for t in self.timers), ov_latency=sum(t.latency_s for t in self.timers))
+                         infer=sum(t.infer_s for t in self.timers), ov_latency=sum(t.latency_s for t in self.timers),
+                         kv_cut=sum(s.kv_cut_seconds for s in self.local_sessions))
 
     async def generate(self, config: str, latency_ms: float, tokens: int, drafter_kind: str | None,
                        prompt_ids: list[int]) -> RingRun:
@@ -750,6 +756,7 @@ class Ring:
                 timer = TimedRequest(stage_session._request)
                 stage_session._request = timer
                 self.timers.append(timer)
+                self.local_sessions.append(stage_session)
         drafters = [None] * users
         if drafter_kind is not None:
             drafters = self.drafters[drafter_kind][:users]
@@ -786,6 +793,7 @@ class Ring:
             for session in sessions:
                 for stage_session in session._local:
                     self.timers = [t for t in self.timers if t is not stage_session._request]
+                    self.local_sessions = [s for s in self.local_sessions if s is not stage_session]
         foreign = self.foreign_between(load_start, self.load_mark())
         if self.client.failure is not None:
             raise BenchError(f"the ring failed: {self.client.failure}")
@@ -821,6 +829,7 @@ class Ring:
             ahead_used=sum(s.ahead_used for s in stats),
             head_stage_s=executor.get("_run_local", 0.0),
             head_infer_s=end.infer - begin.infer,
+            head_kv_cut_s=end.kv_cut - begin.kv_cut,
             head_ov_latency_s=end.ov_latency - begin.ov_latency,
             draft_s=executor.get("propose", 0.0) + executor.get("propose_sized", 0.0),  # ModelDrafter, HybridDrafter
             loop_cpu_s=end.loop_cpu - begin.loop_cpu,
@@ -1084,7 +1093,7 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return float(r["loop_cpu_s"] - r.get("loop_kernel_s", 0.0))  # results saved before the split: all user
 
     def executor_python(r: dict[str, Any]) -> float:
-        return max(0.0, r["head_stage_s"] - r["head_infer_s"])
+        return max(0.0, r["head_stage_s"] - r["head_infer_s"] - r.get("head_kv_cut_s", 0.0))
 
     def rest(r: dict[str, Any]) -> float:
         return r["window_s"] - r["head_stage_s"] - r["draft_s"] - sum(r["agent_compute_s"]) - loop_user(r)
@@ -1093,6 +1102,7 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "wall_ms": per_token(lambda r: r["window_s"]),
         "head_stage_ms": per_token(lambda r: r["head_stage_s"]),
         "head_infer_ms": per_token(lambda r: r["head_infer_s"]),
+        "head_kv_cut_ms": per_token(lambda r: r.get("head_kv_cut_s", 0.0)),
         "head_ov_latency_ms": per_token(lambda r: r["head_ov_latency_s"]),
         "draft_ms": per_token(lambda r: r["draft_s"]),
         "agents_compute_ms": [1e3 * statistics.median(r["agent_compute_s"][i] / r["window_tokens"] for r in runs)
@@ -1360,7 +1370,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                     continue
                 split_rows.append(
                     f"| {cell['latency_ms']:g} | {name} | {s['wall_ms']:.2f} | {s['head_stage_ms']:.2f} "
-                    f"({s['head_infer_ms']:.2f}) | {s['draft_ms']:.2f} | "
+                    f"({s['head_infer_ms']:.2f}, {s.get('head_kv_cut_ms', 0.0):.2f}) | {s['draft_ms']:.2f} | "
                     + " / ".join(f"{v:.2f}" for v in s["agents_compute_ms"])
                     + f" | {s['head_loop_python_ms']:.2f} + {s['head_executor_python_ms']:.2f} = "
                     f"{100 * s['python_share']:.1f} % | {s['head_loop_kernel_ms']:.2f} | {s['wire_and_rest_ms']:.2f} | "
@@ -1369,16 +1379,17 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         if split_rows:
             lines += [
                 "Per decoded token (ms, medians; 1-user configurations): stage 0 on the head (of which in "
-                "`InferRequest.infer`), drafting on the head's worker thread (a draft model; the n-gram drafter runs "
-                "on the event loop and counts as Python), agents' compute (`compute_seconds` from their status), "
-                "our own Python on the head (event-loop thread CPU in user space + worker-thread time outside "
-                "`infer`; share of the token's wall time), the event-loop thread's CPU in the kernel (socket sends "
-                "and receives, on loopback the receiver's TCP work included; part of the next column), the rest "
-                "(wire, delays, proxies, agents' event loops, scheduling), agents' CPU outside compute, ring steps "
-                "per token.",
+                "`InferRequest.infer`, and in cutting rejected drafts out of the KV state: OpenVINO state reads "
+                "and writes, not counted as Python), drafting on the head's worker thread (a draft model; the "
+                "n-gram drafter runs on the event loop and counts as Python), agents' compute (`compute_seconds` "
+                "from their status), our own Python on the head (event-loop thread CPU in user space + "
+                "worker-thread time outside `infer` and the KV cut; share of the token's wall time), the "
+                "event-loop thread's CPU in the kernel (socket sends and receives, on loopback the receiver's TCP "
+                "work included; part of the next column), the rest (wire, delays, proxies, agents' event loops, "
+                "scheduling), agents' CPU outside compute, ring steps per token.",
                 "",
-                "| ms/hop | config | wall | stage 0 (infer) | draft | agents' compute | head Python | head kernel "
-                "| wire + rest | agents' other CPU | steps/token |",
+                "| ms/hop | config | wall | stage 0 (infer, KV cut) | draft | agents' compute | head Python "
+                "| head kernel | wire + rest | agents' other CPU | steps/token |",
                 "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
                 *split_rows,
                 "",

@@ -10,6 +10,8 @@ then compacts instead, copying the state without the rejected positions.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import openvino as ov
 
@@ -50,6 +52,8 @@ class StageSession:
         self._physical = 0
         self._logical = 0
         self._beam_idx = np.zeros(1, dtype=np.int32)
+        self.kv_cut_seconds = 0.0
+        """Time spent cutting rejected positions out of the KV state (``compact_rewind``), all told."""
 
     @property
     def logical_length(self) -> int:
@@ -119,6 +123,7 @@ class StageSession:
 
     def _drop_last(self, n: int) -> None:
         """Cut the last ``n`` positions out of every KV variable (compacted sessions never hold masked ones)."""
+        started = time.perf_counter()
         keep = self._physical - n
         for state in self._request.query_state():
             kv = state.state.data  # [batch, kv heads, positions, head size], as shards/export lays it out
@@ -129,6 +134,7 @@ class StageSession:
         self._mask[0, keep : self._physical] = 0
         self._physical = keep
         self._logical -= n
+        self.kv_cut_seconds += time.perf_counter() - started
 
     def reset(self) -> None:
         """Drop the whole KV state (a new conversation)."""

@@ -37,6 +37,7 @@ def test_rejected_drafts_leave_no_trace(exported: Callable[..., Path], cache_dir
         session.rewind(rejected.shape[1])
         rewound = session.step(follow)[0, -1].copy()
         assert all(s.physical_length == s.logical_length == 62 for s in session.stages)
+        assert all(s.kv_cut_seconds > 0 for s in session.stages)  # the cut was done, and timed
         clean = pipeline.new_session()
         clean.step(prompt)
         clean.step(kept)

@@ -45,3 +45,11 @@ def test_results_saved_before_the_kernel_split_count_all_loop_time_as_python() -
 def test_medians_over_runs() -> None:
     runs = [_run(loop_cpu_s=0.05), _run(loop_cpu_s=0.07), _run(loop_cpu_s=0.30)]
     assert time_split(runs)["head_loop_python_ms"] == pytest.approx(0.6)
+
+
+def test_cutting_rejected_drafts_out_of_the_kv_state_is_stage_work_not_python() -> None:
+    split = time_split([_run(head_kv_cut_s=0.015)])
+    assert split["head_kv_cut_ms"] == pytest.approx(0.15)
+    assert split["head_executor_python_ms"] == pytest.approx(0.05)  # 0.4 - 0.38 - 0.015 s over 100 tokens
+    assert split["python_share"] == pytest.approx(0.045)
+    assert time_split([_run()])["head_kv_cut_ms"] == 0.0  # runs saved before the cut was timed
