@@ -18,7 +18,9 @@ from agent.head.sampling import SamplingParams
 from agent.node.launcher import launch_ring
 from agent.runtime import RuntimeConfig
 
-DEFAULT_PROMPT = "In three sentences, how could an office run a language model on the PCs it already owns?"
+# Greedy SmolLM2-135M loops on some prompts (the one before this, on a one-thread Xeon with AMX, repeated
+# a made-up name to the token limit); this one ends in a sentence there.
+DEFAULT_PROMPT = "What are the benefits of running a language model on computers you already own? Answer briefly."
 
 
 def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
