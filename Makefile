@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 EXPORT ?= exports/smollm2-3stage
-PROMPT ?= In three sentences, how could an office run a language model on the PCs it already owns?
+PROMPT ?=  # empty: the demo's own prompt (agent/cli/demo_cmd.py)
 PYTEST_ARGS ?=
 
 .PHONY: demo test setup clean
@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/shoal demo --out $(EXPORT) --prompt "$(PROMPT)"
+	$(BIN)/shoal demo --out $(EXPORT) $(if $(strip $(PROMPT)),--prompt "$(strip $(PROMPT))")
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
