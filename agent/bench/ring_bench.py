@@ -57,7 +57,7 @@ from agent.bench import BenchError, select_configs
 from agent.bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
 from agent.bench.shards_bench import _append_markdown, _command_line, _machine, _slug, rotation
 from agent.bench.stats import Summary, agreement, paired_ratios
-from agent.cli.common import layer_counts
+from agent.cli.common import REWIND_CHOICES, layer_counts
 
 CONFIGS = ("mono", "pp", "pp+sd", "pp+mb", "pp+sd+mb")
 USERS = {"mono": 1, "pp": 1, "pp+sd": 1, "pp+mb": 2, "pp+sd+mb": 2}
@@ -279,7 +279,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--prompt", default=None, help="user message (default: add type hints to a 15-line function)")
     b.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
                    help="before each round, wait up to SECONDS for other processes to leave the machine (default 0)")
-    b.add_argument("--rewind", choices=("auto", "mask", "compact"), default="auto",
+    b.add_argument("--rewind", choices=REWIND_CHOICES, default="auto",
                    help="how the head and the agents forget rejected drafts (as `shoal agent --rewind`)")
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
@@ -608,8 +608,8 @@ class Ring:
         self.probes: list[StatusProbe] = []
         self.executor = TimingExecutor()
         self.drafters: dict[str, list[Any]] = {}
-        self.timers: list[Any] = []
-        self.local_sessions: list[Any] = []  # the head's stage sessions of the running configuration
+        self.local_sessions: list[Any] = []
+        """The head's stage sessions of the running configuration, their requests wrapped in ``TimedRequest``."""
 
     # bring-up ------------------------------------------------------------------------------------
     def start_processes(self) -> None:
@@ -736,7 +736,8 @@ class Ring:
         cpu = resource.getrusage(resource.RUSAGE_THREAD)  # this thread's: the event loop's
         return _Snapshot(at=time.perf_counter(), loop_cpu=cpu.ru_utime + cpu.ru_stime, loop_kernel=cpu.ru_stime,
                          executor=dict(self.executor.seconds),
-                         infer=sum(t.infer_s for t in self.timers), ov_latency=sum(t.latency_s for t in self.timers),
+                         infer=sum(s._request.infer_s for s in self.local_sessions),
+                         ov_latency=sum(s._request.latency_s for s in self.local_sessions),
                          kv_cut=sum(s.kv_cut_seconds for s in self.local_sessions))
 
     async def generate(self, config: str, latency_ms: float, tokens: int, drafter_kind: str | None,
@@ -753,9 +754,7 @@ class Ring:
         for session in sessions:
             # time the head's own stage-0 requests (the benchmark's only reach into a session's internals)
             for stage_session in session._local:
-                timer = TimedRequest(stage_session._request)
-                stage_session._request = timer
-                self.timers.append(timer)
+                stage_session._request = TimedRequest(stage_session._request)
                 self.local_sessions.append(stage_session)
         drafters = [None] * users
         if drafter_kind is not None:
@@ -792,7 +791,6 @@ class Ring:
                     await session.close()
             for session in sessions:
                 for stage_session in session._local:
-                    self.timers = [t for t in self.timers if t is not stage_session._request]
                     self.local_sessions = [s for s in self.local_sessions if s is not stage_session]
         foreign = self.foreign_between(load_start, self.load_mark())
         if self.client.failure is not None:

@@ -12,14 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from agent.cli.common import layer_counts
+from agent.cli.common import REWIND_CHOICES, REWIND_HELP, layer_counts
 from agent.head.drafters import DRAFTERS
 from shards.errors import ShoalError
-
-REWIND_CHOICES = ("auto", "mask", "compact")  # agent.runtime.stage.REWINDS, without importing OpenVINO here
-REWIND_HELP = ("how stages forget rejected drafts: mask them out (free; exact in f32) or cut them out of the KV "
-               "cache (a copy; exact on one thread in every precision); auto: cut where that makes speculative "
-               "greedy equal plain greedy (default)")
 
 log = logging.getLogger("shoal")
 

@@ -274,7 +274,8 @@ async def decode(
             carry = output.last() if in_flight else None
             if guess is not None and guess[0].tokens:
                 stats.drafted_ahead += 1
-                (made, k_ahead), kept_all = guess, not rejected and not in_flight
+                made, k_ahead = guess
+                kept_all = not rejected and not in_flight
                 if kept_all and len(made.tokens) > 1 and made.tokens[0] == verdict.tokens[-1]:
                     # The drafter's cache already holds the guess and its continuation: no commit to cut it.
                     ready = Draft(made.tokens[1:], None, made.evidence), k_ahead, ahead_seconds
