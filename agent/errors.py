@@ -9,6 +9,7 @@
     │   └── LocalProtocolError      we tried to send something invalid: our bug
     └── RingError              the ring cannot serve a request
         ├── PeerUnavailableError    a stage cannot be reached, or its connection died
+        │   └── PeerRefusedError        the TLS handshake failed: not of this fleet, or it refused us
         ├── FleetBusyError          a stage has no room for another session
         └── SessionFailedError      a stage reported an error for this session
 
@@ -42,6 +43,10 @@ class RingError(ShoalError):
 
 class PeerUnavailableError(RingError, ConnectionError):
     """A stage cannot be reached, or its connection ended without a goodbye."""
+
+
+class PeerRefusedError(PeerUnavailableError):
+    """The TLS handshake with a peer failed: its certificate is not of this fleet, or it refused ours."""
 
 
 class FleetBusyError(RingError):

@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
     p.add_argument("--rewind", choices=REWIND_CHOICES, default=None, help=REWIND_HELP)
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
-    p.add_argument("--wire-dtype", choices=("f32", "f16"), default=None, help="hidden states on the wire")
+    p.add_argument("--wire-dtype", choices=("auto", "f32", "f16"), default=None,
+                   help="hidden states on the wire (default auto: the dtype the stage computes in)")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
 
     p = sub.add_parser("status", help="ask agents for their status (JSON)")

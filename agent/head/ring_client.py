@@ -22,7 +22,7 @@ from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
 from agent.runtime.readout import StepOutput
 from agent.runtime.session import StageSession
-from agent.runtime.stage import CompiledStage
+from agent.runtime.stage import CompiledStage, wire_numpy_dtype
 from agent.transport.connection import FrameConnection, dial, expect
 from agent.wire import Frame, FrameType, StepFlags
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
@@ -38,7 +38,7 @@ class RingClient:
     def __init__(self, manifest: Manifest, first: tuple[str, int], last: tuple[str, int],
                  context: ssl.SSLContext, node: str, *, local_stages: list[CompiledStage] | None = None,
                  executor: Executor | None = None, max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 wire_dtype: str = "f32") -> None:
+                 wire_dtype: str = "auto") -> None:
         self.manifest = manifest
         self.first_address = first
         self.last_address = last
@@ -49,7 +49,7 @@ class RingClient:
             raise RingError("the head holds every stage: use the in-process pipeline instead of a ring")
         self._executor = executor
         self._max_payload = max_payload
-        self._wire_dtype = np.float16 if wire_dtype == "f16" else np.float32
+        self._wire_dtype = wire_numpy_dtype(wire_dtype, self.local_stages[-1]) if self.local_stages else np.float32
         self.head_id = secrets.randbits(32) or 1
         self._first: FrameConnection | None = None
         self._last: FrameConnection | None = None
@@ -66,6 +66,8 @@ class RingClient:
 
     async def connect(self, timeout: float = 30.0) -> None:
         """Reach the first and last stages (retrying until ``timeout``: bring-up order is free)."""
+        if self._first is not None:
+            raise RingError("already connected: reconnect() replaces a lost ring")
         hello = Hello(node=self.node, role="head", export_id=self.manifest.export_id, head_id=self.head_id)
         self._first, first = await self._handshake(self.first_address, hello, timeout, "first stage")
         if first.layer_start != self.first_layer:
@@ -100,13 +102,32 @@ class RingClient:
             except ProtocolError as exc:
                 raise RingError(f"{what} {address[0]}:{address[1]}: {exc}") from exc
 
+    async def reconnect(self, timeout: float = 30.0) -> None:
+        """Drop the connections (sessions still on them fail: their state on the stages is gone with them)
+        and reach the ring afresh, retrying with backoff until ``timeout``."""
+        error = self.failure or PeerUnavailableError("the head reconnects")
+        for session in list(self._sessions.values()):
+            session._fail(error)
+        await self._drop_connections()
+        self.failure = None
+        log.info("node=%s head %x reconnecting (%s)", self.node, self.head_id, error)
+        await self.connect(timeout)
+
+    async def open_session(self, params: SamplingParams, timeout: float = 30.0) -> RingSession:
+        """A new conversation, reconnecting first if the ring was lost since the last one: a stage that
+        died and came back (or its replacement at the same address) serves the next answer."""
+        if self.failure is not None:
+            await self.reconnect(timeout)
+        return self.session(params)
+
     @property
     def open_sessions(self) -> int:
         """This head's sessions on the ring that have not been closed."""
         return len(self._sessions)
 
     def session(self, params: SamplingParams) -> RingSession:
-        """A new conversation (its state on the stages is created by the first step)."""
+        """A new conversation (its state on the stages is created by the first step); on a lost ring its
+        first step fails with the loss (``open_session`` reconnects instead)."""
         if self._first is None:
             raise RingError("connect() first")
         session = RingSession(self, secrets.randbits(63) or 1, params)
@@ -153,10 +174,16 @@ class RingClient:
         for session in list(self._sessions.values()):
             with contextlib.suppress(RingError):
                 await session.close()
+        await self._drop_connections()
+
+    async def _drop_connections(self) -> None:
         for task in self._readers:
             task.cancel()
-        for connection in {id(c): c for c in (self._first, self._last) if c is not None}.values():
-            await connection.close()
+        self._readers = []
+        connections = {id(c): c for c in (self._first, self._last) if c is not None}.values()
+        self._first = self._last = None
+        for connection in connections:
+            await connection.close()  # the goodbye is skipped or times out where the peer is gone
 
 
 def _error(report: ErrorReport) -> RingError:

@@ -11,7 +11,7 @@ from agent.runtime.stage import RuntimeConfig
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 from shards.errors import ShoalError
 
-WIRE_DTYPES = ("f32", "f16")
+WIRE_DTYPES = ("auto", "f32", "f16")
 
 
 class ConfigError(ShoalError, ValueError):
@@ -41,8 +41,9 @@ class AgentConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     max_sessions: int = 8
     max_payload: int = DEFAULT_MAX_PAYLOAD
-    wire_dtype: str = "f32"
-    """Hidden states on the wire: ``f32`` (exact) or ``f16`` (half the bytes, rounds)."""
+    wire_dtype: str = "auto"
+    """Hidden states on the wire: ``auto`` (the dtype the stage computes in: f16 where the device computes
+    in f16, else f32; never rounds), ``f32``, or ``f16`` (half the bytes; rounds f32 values)."""
     verify: bool = True
     """Check the stage files' sha256 against the manifest at start-up."""
 

@@ -26,7 +26,7 @@ from agent.node.config import AgentConfig
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.successor import SuccessorLink
 from agent.runtime.readout import read_out
-from agent.runtime.stage import CompiledStage
+from agent.runtime.stage import CompiledStage, wire_numpy_dtype
 from agent.transport.connection import FrameConnection, expect
 from agent.transport.sockets import tune_socket
 from agent.wire import Frame, FrameType, StepFlags
@@ -62,6 +62,7 @@ class StageServer:
         self.is_last = graphs[-1].head
         self.hello = Hello(node=node, role="stage", export_id=manifest.export_id, layer_start=graphs[0].layer_start,
                            layer_stop=graphs[-1].layer_stop, is_last=self.is_last)
+        self._wire_dtype = wire_numpy_dtype(config.wire_dtype, stages[-1])
         self.table = SessionTable(config.max_sessions)
         self.heads: dict[int, FrameConnection] = {}
         self._connections: set[FrameConnection] = set()
@@ -284,7 +285,7 @@ class StageServer:
         if self.is_last:
             return read_out(x, state.open.sampling, last_only=last_only).to_frame(
                 frame.session, frame.step)
-        wire = np.array(x, dtype=np.float16 if self.config.wire_dtype == "f16" else np.float32)  # a copy: x is reused
+        wire = np.array(x, dtype=self._wire_dtype)  # a copy: x is reused
         return Frame.tensor(FrameType.STEP, wire, flags=frame.flags, **fields)
 
     async def _close(self, session: int, forward: bool) -> None:

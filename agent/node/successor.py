@@ -7,7 +7,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 
-from agent.errors import PeerUnavailableError, ProtocolError
+from agent.errors import PeerRefusedError, PeerUnavailableError, ProtocolError
 from agent.transport.connection import FrameConnection, dial, expect
 from agent.wire import Frame, FrameType
 from agent.wire.messages import Hello, parse
@@ -52,10 +52,18 @@ class SuccessorLink:
         """Dial, exchange HELLOs, relay incoming frames; re-dial after any failure."""
         backoff = BACKOFF_START
         where = f"{self.address[0]}:{self.address[1]}"
+        refused = ""  # the last refusal logged as a warning: repeats of it every backoff go to debug
         while not self._stopping:
             try:
                 connection = await dial(*self.address, self._context, max_payload=self._max_payload,
                                         label=f"next stage {where}")
+            except PeerRefusedError as exc:
+                level = logging.DEBUG if str(exc) == refused else logging.WARNING
+                refused = str(exc)
+                log.log(level, "node=%s %s; retrying in %.1f s", self._hello.node, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
             except PeerUnavailableError as exc:
                 log.debug("node=%s %s; retrying in %.1f s", self._hello.node, exc, backoff)
                 await asyncio.sleep(backoff)
@@ -71,7 +79,7 @@ class SuccessorLink:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
-            self.peer, self._connection, backoff = peer, connection, BACKOFF_START
+            self.peer, self._connection, backoff, refused = peer, connection, BACKOFF_START, ""
             self.ready.set()
             log.info("node=%s connected to next stage %s (%s, layers %d-%d)", self._hello.node, where, peer.node,
                      peer.layer_start, peer.layer_stop - 1)

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import openvino as ov
 
 from agent.runtime.session import StageSession
@@ -160,6 +161,23 @@ def compile_properties(device: str, weights: str, config: RuntimeConfig, *, pref
     return props
 
 
+def wire_numpy_dtype(choice: str, stage: CompiledStage) -> type[np.floating]:
+    """The numpy dtype of hidden states that ``stage`` sends on: ``auto`` (its ``wire_dtype``), ``f32``, ``f16``."""
+    name = stage.wire_dtype if choice == "auto" else choice
+    if name not in ("f32", "f16"):
+        raise ValueError(f"wire dtype must be auto, f32 or f16, not {choice!r}")
+    return np.float16 if name == "f16" else np.float32
+
+
+def _compiled_precision(compiled: ov.CompiledModel) -> str | None:
+    """The precision a compiled model computes in (``f32``, ``bf16``, ``f16``), None where the device does
+    not say."""
+    try:
+        return str(compiled.get_property("INFERENCE_PRECISION_HINT").to_string())
+    except RuntimeError:
+        return None
+
+
 class CompiledStage:
     """One stage graph compiled for this PC; hands out per-session :class:`StageSession` s."""
 
@@ -201,6 +219,9 @@ class CompiledStage:
         except RuntimeError as exc:
             raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
         self.exact_speculation = None if drafts else speculation_is_exact(self.device, weights, config)
+        self.wire_dtype = "f16" if _compiled_precision(self.compiled) == "f16" else "f32"
+        """What this stage's hidden states cross the wire in when not told (``auto``): f16 where the device
+        computes in f16 (the values are f16 already; half the bytes), else f32 (f32 or bf16 values)."""
         log.info("compiled %s (layers %d-%d) on %s, rewind by %s", graph.name, graph.layer_start,
                  graph.layer_stop - 1, self.device, "compaction" if self.compact_rewind else "mask")
         if self.exact_speculation is False:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import ssl
 
-from agent.errors import PeerUnavailableError, RemoteProtocolError
+from agent.errors import PeerRefusedError, PeerUnavailableError, RemoteProtocolError
 from agent.transport.tls import peer_name
 from agent.wire import Frame, FrameDecoder, FrameType, encode_frame
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
@@ -108,7 +108,9 @@ async def dial(host: str, port: int, context: ssl.SSLContext, *, timeout: float 
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=context, server_hostname=host, limit=READ_CHUNK),
             timeout)
-    except (ConnectionError, ssl.SSLError, OSError, TimeoutError) as exc:
+    except ssl.SSLError as exc:  # before OSError, of which it is a subclass
+        raise PeerRefusedError(f"refused {where}: TLS handshake failed: {exc}") from exc
+    except (ConnectionError, OSError, TimeoutError) as exc:
         raise PeerUnavailableError(f"cannot reach {where}: {exc or type(exc).__name__}") from exc
     sock = writer.get_extra_info("socket")
     if sock is not None:

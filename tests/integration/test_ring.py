@@ -12,9 +12,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from agent.head.adaptive_k import AdaptiveK
 from agent.head.chat import PromptTooLongError
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import make_drafter
-from agent.head.ring_client import RingClient
+from agent.head.ring_client import RingClient, RingSession
 from agent.head.sampling import SamplingParams
 from agent.head.targets import LocalTarget
 from agent.runtime import LocalPipeline, RuntimeConfig
@@ -45,16 +46,19 @@ def _client(folder: Path, ring: list[AgentProcess], identity: NodeIdentity) -> R
                       identity.name)
 
 
-async def _generate(client: RingClient, prompt: list[int], params: SamplingParams = GREEDY, drafter: object = None,
-                    k: int | None = None, n: int = N_TOKENS, stats: DecodeStats | None = None,
-                    depth: int = 1, continue_above: float = 0.7, draft_ahead: bool = False) -> list[int]:
-    session = client.session(params)
+def _decoding(session: RingSession, client: RingClient, prompt: list[int], params: SamplingParams = GREEDY,
+              drafter: object = None, k: int | None = None, n: int = N_TOKENS, stats: DecodeStats | None = None,
+              depth: int = 1, continue_above: float = 0.7, draft_ahead: bool = False) -> AsyncIterator[int]:
+    return decode(session, prompt, max_tokens=n, stop_ids=frozenset(), params=params,
+                  context_tokens=client.manifest.context_tokens, drafter=drafter,  # type: ignore[arg-type]
+                  k_policy=AdaptiveK(fixed=k), stats=stats, depth=depth, continue_above=continue_above,
+                  turn=client.turn, draft_ahead=draft_ahead)
+
+
+async def _generate(client: RingClient, prompt: list[int], **kwargs: Any) -> list[int]:
+    session = client.session(kwargs.get("params", GREEDY))
     try:
-        return [t async for t in decode(session, prompt, max_tokens=n, stop_ids=frozenset(), params=params,
-                                        context_tokens=client.manifest.context_tokens, drafter=drafter,  # type: ignore[arg-type]
-                                        k_policy=AdaptiveK(fixed=k), stats=stats, depth=depth,
-                                        continue_above=continue_above, turn=client.turn,
-                                        draft_ahead=draft_ahead)]
+        return [t async for t in _decoding(session, client, prompt, **kwargs)]
     finally:
         await session.close()
 
@@ -162,32 +166,53 @@ def test_concurrent_sessions_from_two_heads_match_alone(
     ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
     chat_ids: list[list[int]], pipeline_tokens: list[list[int]],
 ) -> None:
-    """Head A runs two sessions at once (one speculative) while head B, another process, runs a third."""
+    """Head A runs two sessions at once (one speculative) while head B, another process, runs a third.
+
+    A's sessions start, then wait holding their state on every stage until B's session has joined them
+    there, so all three are held at once and A's steps interleave with B's through the ring."""
     folder = exported(3, "fp32")
     head_b = fleet.identity("head-b")
+    observer = fleet.identity("observer")
     prompt_b = PROMPTS[3]
     command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "generate", str(folder),
-               prompt_b, "--max-tokens", "48", "--drafter", "none", "--no-verify", "--identity",
+               prompt_b, "--max-tokens", "64", "--drafter", "none", "--no-verify", "--identity",
                str(head_b.cert.parent), "--ring", f"{ring3[0].address[0]}:{ring3[0].address[1]},"
                f"{ring3[-1].address[0]}:{ring3[-1].address[1]}"]
     alone_b = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert alone_b.returncode == 0, alone_b.stderr
 
+    async def held_everywhere(count: int) -> None:
+        while True:
+            counts = [len(await asyncio.to_thread(status, a.address, observer)["sessions"])  # type: ignore[arg-type]
+                      for a in ring3]
+            if min(counts) >= count:
+                return
+            await asyncio.sleep(0.02)
+
     async def together() -> tuple[list[list[int]], str]:
         client = _client(folder, ring3, fleet.identity("head"))
         await client.connect()
-        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
-                                                       stderr=asyncio.subprocess.PIPE)
+        sessions = [client.session(GREEDY), client.session(GREEDY)]
+        drafter = make_drafter("ngram", folder, client.manifest, GREEDY, RuntimeConfig())
+        answers = [_decoding(sessions[0], client, chat_ids[0]), _decoding(sessions[1], client, chat_ids[1],
+                                                                          drafter=drafter)]
         try:
-            a1, a2 = await asyncio.gather(
-                _generate(client, chat_ids[0]),
-                _generate(client, chat_ids[1], drafter=make_drafter("ngram", folder, client.manifest, GREEDY,
-                                                                    RuntimeConfig())),
-            )
+            firsts = [await anext(answer) for answer in answers]  # both prompts are on every stage now
+            process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
+                                                           stderr=asyncio.subprocess.PIPE)
+            await asyncio.wait_for(held_everywhere(3), 120)
+            assert process.returncode is None, "head B finished before head A went on: nothing overlapped"
+
+            async def rest(answer: AsyncIterator[int]) -> list[int]:
+                return [t async for t in answer]
+
+            rests = await asyncio.gather(*(rest(answer) for answer in answers))
             out, err = await asyncio.wait_for(process.communicate(), 300)
             assert process.returncode == 0, err.decode()
-            return [a1, a2], out.decode()
+            return [[first, *more] for first, more in zip(firsts, rests, strict=True)], out.decode()
         finally:
+            for session in sessions:
+                await session.close()
             await client.close()
 
     (a1, a2), text_b = asyncio.run(together())

@@ -15,7 +15,7 @@ from agent.errors import RingError
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import decode
 from tests.integration.ring_lab import AgentProcess, Fleet, start_agent, status, wait_for
-from tests.integration.test_ring import GREEDY, _client, _generate
+from tests.integration.test_ring import GREEDY, _client, _decoding, _generate
 
 pytestmark = pytest.mark.ring
 
@@ -53,32 +53,43 @@ def test_first_stage_up_before_its_successor_then_successor_restarts(
         wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20, "stage 0 to find stage 1")
         before = _tokens(folder, agents, fleet, chat_ids[0], 24)
 
-        # the successor dies in the middle of a generation: the head gets an error, not a hang
-        async def interrupted() -> None:
+        # The successor dies in the middle of a generation: the head gets an error, not a hang. The stage comes
+        # back on the same port: stage 0 re-dials it, and the same head, reconnecting, is answered as before.
+        async def interrupted_then_reconnected() -> list[int]:
             client = _client(folder, agents, fleet.identity("head"))
             await client.connect()
             try:
-                session = client.session(GREEDY)
+                session = await client.open_session(GREEDY)
                 produced = 0
-                async for _ in decode(session, chat_ids[1], max_tokens=2000, stop_ids=frozenset(), params=GREEDY,
-                                      context_tokens=client.manifest.context_tokens, k_policy=AdaptiveK(fixed=0)):
-                    produced += 1
-                    if produced == 5:
-                        os.kill(second.process.pid, signal.SIGKILL)
+                with pytest.raises(RingError):
+                    async for _ in decode(session, chat_ids[1], max_tokens=2000, stop_ids=frozenset(),
+                                          params=GREEDY, context_tokens=client.manifest.context_tokens,
+                                          k_policy=AdaptiveK(fixed=0)):
+                        produced += 1
+                        if produced == 5:
+                            os.kill(second.process.pid, signal.SIGKILL)
+                await session.close()
+                await asyncio.to_thread(restart_second)
+                assert client.failure is not None, "the head did not notice the lost stage"
+                again = await client.open_session(GREEDY)
+                try:
+                    return [t async for t in _decoding(again, client, chat_ids[0], n=24)]
+                finally:
+                    await again.close()
             finally:
                 await client.close()
 
-        with pytest.raises(RingError):
-            asyncio.run(asyncio.wait_for(interrupted(), 30))
-        second.process.wait(10)
-        wait_for(lambda: status(first.address, observer)["next_stage"] == "down", 10, "stage 0 to notice")
-        assert status(first.address, observer)["sessions"] == [], "the broken session was not freed on stage 0"
+        def restart_second() -> None:
+            second.process.wait(10)
+            wait_for(lambda: status(first.address, observer)["next_stage"] == "down", 10, "stage 0 to notice")
+            assert status(first.address, observer)["sessions"] == [], "the broken session was not freed on stage 0"
+            agents[1] = start_agent(folder, 1, fleet.identity("late1"), cache_dir,
+                                    extra=["--listen", f"127.0.0.1:{port}"])
+            wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20,
+                     "stage 0 to reconnect")
 
-        # the same stage comes back on the same port: stage 0 re-dials it, and the ring answers as before
-        agents[1] = start_agent(folder, 1, fleet.identity("late1"), cache_dir,
-                                extra=["--listen", f"127.0.0.1:{port}"])
-        wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20, "stage 0 to reconnect")
-        assert _tokens(folder, agents, fleet, chat_ids[0], 24) == before
+        assert asyncio.run(asyncio.wait_for(interrupted_then_reconnected(), 120)) == before
+        assert _tokens(folder, agents, fleet, chat_ids[0], 24) == before  # and a new head too
     finally:
         for agent in agents:
             agent.stop()

@@ -8,6 +8,8 @@ import pytest
 
 from agent.node.config import ConfigError, load_agent_config, parse_address
 
+pytestmark = pytest.mark.ring
+
 
 def test_file_then_flags(tmp_path: Path) -> None:
     config_file = tmp_path / "agent.toml"

@@ -13,7 +13,7 @@ from agent.head.drafters import Draft
 from agent.head.sampling import SamplingParams
 from tests.unit.scripted_target import VOCAB, ScriptedTarget, next_greedy, plain_greedy
 
-pytestmark = pytest.mark.fast
+pytestmark = [pytest.mark.fast, pytest.mark.ring]
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
 

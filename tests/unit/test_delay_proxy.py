@@ -11,6 +11,8 @@ import pytest
 
 from agent.bench.delay_proxy import DelayProxy, parse_hostport
 
+pytestmark = pytest.mark.ring
+
 
 async def _echo_server() -> asyncio.Server:
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

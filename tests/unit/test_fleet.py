@@ -17,6 +17,8 @@ from agent.cli.main import main
 from agent.errors import FleetError
 from agent.fleet import FleetPaths, NodeIdentity, cert_fingerprint, init_fleet, issue_node, read_certificate
 
+pytestmark = pytest.mark.ring
+
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="file modes are POSIX")
 
 

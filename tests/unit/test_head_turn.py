@@ -8,7 +8,7 @@ import pytest
 
 from agent.head.turn import HeadTurn
 
-pytestmark = pytest.mark.fast
+pytestmark = [pytest.mark.fast, pytest.mark.ring]
 
 
 def test_wanted_while_a_session_queues_but_not_for_spare_work() -> None:

@@ -26,7 +26,7 @@ from tests.unit.scripted_target import ScriptedTarget, next_greedy, plain_greedy
 JOB_S = 0.004
 TICK_S = 0.025  # answers arrive on these ticks: longer than a step's local work (2 jobs)
 
-pytestmark = pytest.mark.fast
+pytestmark = [pytest.mark.fast, pytest.mark.ring]
 
 
 class HeadLocalTarget(ScriptedTarget):

@@ -8,7 +8,7 @@ import pytest
 from agent.head.model_drafter import ModelDrafter
 from agent.head.sampling import SamplingParams
 
-pytestmark = pytest.mark.fast
+pytestmark = [pytest.mark.fast, pytest.mark.ring]
 
 VOCAB = 8
 # The draft's top-1 probability after each number of tokens it holds beyond the context (greedy token: 3).

@@ -20,6 +20,8 @@ from agent.head.drafters import Draft, NGramDrafter
 from agent.head.sampling import SamplingParams
 from tests.unit.scripted_target import VOCAB, ScriptedTarget, dist_at, next_greedy, plain_greedy
 
+pytestmark = pytest.mark.ring
+
 
 class AlwaysDrafter:
     """Drafts the same token K times, believed fully: every continuation is sent."""

@@ -9,6 +9,8 @@ import pytest
 from agent.bench import BenchError
 from agent.bench.ring_bench import DEFAULT_LATENCIES, RingSettings, Setup, add_arguments
 
+pytestmark = pytest.mark.ring
+
 
 def _settings(*argv: str) -> RingSettings:
     parser = argparse.ArgumentParser()
