@@ -580,6 +580,9 @@ class RingRun:
     others_busy: float | None = None
     foreign_busy: float | None = None
     """Share of the machine's CPU time (all cores) that processes other than this benchmark's used meanwhile."""
+    wire_sent_bytes: int | None = None
+    wire_received_bytes: int | None = None
+    """Payload bytes of every user's decode steps (the prompt's step left out) to the ring and back."""
 
     @property
     def acceptance(self) -> float | None:
@@ -793,6 +796,8 @@ class Ring:
                 for stage_session in session._local:
                     self.local_sessions = [s for s in self.local_sessions if s is not stage_session]
         foreign = self.foreign_between(load_start, self.load_mark())
+        wire_sent = sum(s.bytes_sent - s.prompt_bytes_sent for s in sessions)
+        wire_received = sum(s.bytes_received - s.prompt_bytes_received for s in sessions)
         if self.client.failure is not None:
             raise BenchError(f"the ring failed: {self.client.failure}")
         begin = await first_shot[0]
@@ -836,6 +841,8 @@ class Ring:
             agent_steps=[b - a for a, b in zip(begin.agent_steps, end.agent_steps, strict=True)],
             agent_cpu_s=[b - a for a, b in zip(begin.agent_cpu, end.agent_cpu, strict=True)],
             foreign_busy=foreign,
+            wire_sent_bytes=wire_sent,
+            wire_received_bytes=wire_received,
         )
 
 
@@ -1114,6 +1121,9 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "head_executor_python_ms": per_token(executor_python),
         "wire_and_rest_ms": per_token(rest),
         "steps_per_token": statistics.median(r["steps"] / (len(r["tokens"][0])) for r in runs),
+        # results saved before bytes were counted have none
+        "wire_bytes_per_step": [_median([r[key] / r["steps"] if r.get(key) is not None and r["steps"] else None
+                                         for r in runs]) for key in ("wire_sent_bytes", "wire_received_bytes")],
     }
     split["head_python_ms"] = split["head_loop_python_ms"] + split["head_executor_python_ms"]
     split["python_share"] = statistics.median((loop_user(r) + executor_python(r)) / r["window_s"] for r in runs)
@@ -1292,6 +1302,13 @@ def _rewind_sentence(settings: dict[str, Any]) -> str:
     }[rewind]
 
 
+def _bytes_per_step(split: dict[str, Any]) -> str:
+    sent, received = split.get("wire_bytes_per_step") or (None, None)
+    if sent is None or received is None:
+        return "-"
+    return f"{sent:,.0f}, {received:,.0f}"
+
+
 def render_table(report: dict[str, Any]) -> str:
     lines = [f"shoal bench ring: {report['settings']['runs']} runs per configuration; "
              f"{report['machine'].get('cpu', '?')}"]
@@ -1373,7 +1390,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                     + f" | {s['head_loop_python_ms']:.2f} + {s['head_executor_python_ms']:.2f} = "
                     f"{100 * s['python_share']:.1f} % | {s['head_loop_kernel_ms']:.2f} | {s['wire_and_rest_ms']:.2f} | "
                     + " / ".join(f"{v:.2f}" for v in s["agents_other_cpu_ms"])
-                    + f" | {s['steps_per_token']:.2f} |")
+                    + f" | {s['steps_per_token']:.2f} | {_bytes_per_step(s)} |")
         if split_rows:
             lines += [
                 "Per decoded token (ms, medians; 1-user configurations): stage 0 on the head (of which in "
@@ -1384,11 +1401,12 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                 "worker-thread time outside `infer` and the KV cut; share of the token's wall time), the "
                 "event-loop thread's CPU in the kernel (socket sends and receives, on loopback the receiver's TCP "
                 "work included; part of the next column), the rest (wire, delays, proxies, agents' event loops, "
-                "scheduling), agents' CPU outside compute, ring steps per token.",
+                "scheduling), agents' CPU outside compute, ring steps per token, payload bytes of a decode step "
+                "to the first agent and of its answer from the last.",
                 "",
                 "| ms/hop | config | wall | stage 0 (infer, KV cut) | draft | agents' compute | head Python "
-                "| head kernel | wire + rest | agents' other CPU | steps/token |",
-                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| head kernel | wire + rest | agents' other CPU | steps/token | bytes/step out, back |",
+                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
                 *split_rows,
                 "",
             ]

@@ -38,9 +38,8 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "wire_dtype": args.wire_dtype,
         "verify": False if args.no_verify else None,
     }
-    if args.config is None:
-        overrides["identity_dir"] = identity_dir(args.identity, data_dir)
-    config = load_agent_config(args.config, overrides)
+    # the identity under the data dir unless a flag or the file names one
+    config = load_agent_config(args.config, overrides, {"identity_dir": lambda: identity_dir(None, data_dir)})
     if config.runtime.cache_dir is None:
         from dataclasses import replace
 

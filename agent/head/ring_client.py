@@ -212,6 +212,10 @@ class RingSession:
         self._failure: RingError | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        """Payload bytes of this session's steps to the first stage, and of the answers back, prompt included."""
+        self.prompt_bytes_sent = 0
+        self.prompt_bytes_received = 0
+        """Of those, the prompt's step (step 0): the rest, divided by the steps after it, is a decode step's."""
 
     def _deliver(self, frame: Frame) -> None:
         if not self._pending:
@@ -224,6 +228,8 @@ class RingSession:
             self._fail(error)
             return
         self.bytes_received += len(frame.payload)
+        if frame.step == 0:
+            self.prompt_bytes_received = len(frame.payload)
         try:
             future.set_result(StepOutput.from_frame(frame, self.client.manifest.arch.vocab_size, count))
         except ProtocolError as exc:
@@ -278,7 +284,10 @@ class RingSession:
             frame = Frame.tensor(FrameType.STEP, hidden, **fields)
         else:
             frame = Frame.tensor(FrameType.STEP, np.asarray([ids], dtype=np.int32), **fields)
-        self.bytes_sent += len(frame.payload) if isinstance(frame.payload, bytes) else frame.payload.nbytes
+        sent = len(frame.payload) if isinstance(frame.payload, bytes) else frame.payload.nbytes
+        self.bytes_sent += sent
+        if step == 0:
+            self.prompt_bytes_sent = sent
         await self.client.send_first(frame)
         return future
 

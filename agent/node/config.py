@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,11 @@ class AgentConfig:
             raise ConfigError(f"wire_dtype must be one of {WIRE_DTYPES}")
 
 
-def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
-    """Settings from the TOML file ``path`` (if any), then ``overrides`` (flags that were given).
+def load_agent_config(path: Path | None, overrides: dict[str, Any],
+                      defaults: Mapping[str, Callable[[], Any]] | None = None) -> AgentConfig:
+    """Settings from the TOML file ``path`` (if any), then ``overrides`` (flags that were given); a setting
+    neither names comes from ``defaults`` (called only then: finding a default may fail, e.g. the node
+    identity under the data dir).
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify.
@@ -69,6 +73,9 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConf
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
+    for key, default in (defaults or {}).items():
+        if key not in values:
+            values[key] = default()
     runtime_keys = {f.name for f in fields(RuntimeConfig)}
     runtime = RuntimeConfig()
     runtime_values = {k: values.pop(k) for k in list(values) if k in runtime_keys}

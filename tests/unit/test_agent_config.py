@@ -54,3 +54,50 @@ def test_addresses() -> None:
     assert parse_address("10.1.2.3:80") == ("10.1.2.3", 80)
     assert parse_address("[::1]:7000") == ("::1", 7000)
     assert parse_address(":7000") == ("127.0.0.1", 7000)
+
+
+def test_defaults_fill_only_what_the_file_and_flags_leave_out(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def identity() -> str:
+        asked.append("identity_dir")
+        return "/data/fleet/nodes/pc-7"
+
+    config_file = tmp_path / "agent.toml"
+    config_file.write_text('export_dir = "/srv/export"\nstages = 0\n')
+    config = load_agent_config(config_file, {"identity_dir": None}, {"identity_dir": identity})
+    assert config.identity_dir == Path("/data/fleet/nodes/pc-7")
+    config_file.write_text('export_dir = "/srv/export"\nstages = 0\nidentity_dir = "/srv/id"\n')
+    assert load_agent_config(config_file, {}, {"identity_dir": identity}).identity_dir == Path("/srv/id")
+    assert load_agent_config(None, {"export_dir": "e", "stages": [0], "identity_dir": "/flag"},
+                             {"identity_dir": identity}).identity_dir == Path("/flag")
+    assert asked == ["identity_dir"]  # looked up once, where nothing named it
+
+
+def test_the_agent_command_finds_its_identity_under_the_data_dir_with_a_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``shoal agent --config FILE`` where the file names no identity: the one node issued under the data dir."""
+    import argparse
+
+    from agent.cli import agent_cmd
+    from agent.fleet import init_fleet, issue_node
+
+    data_dir = tmp_path / "data"
+    init_fleet(data_dir / "fleet")
+    issued = issue_node(data_dir / "fleet", "pc-7")
+    config_file = tmp_path / "agent.toml"
+    config_file.write_text(f'export_dir = "{tmp_path}"\nstages = 0\n')
+    seen: list[object] = []
+
+    async def serve(config: object) -> int:
+        seen.append(config)
+        return 0
+
+    args = argparse.Namespace(config=config_file, export_dir=None, stage=None, identity=None, listen=None, next=None,
+                              device=None, threads=None, precision=None, fast_prefill=None, rewind=None,
+                              max_sessions=None, wire_dtype=None, no_verify=False)
+    monkeypatch.setattr(agent_cmd, "serve", serve)  # everything up to loading the stages
+    assert agent_cmd.run_agent(args, tmp_path / "cache", data_dir) == 0
+    assert seen[0].identity_dir == issued.cert.parent  # type: ignore[attr-defined]
+    assert seen[0].runtime.cache_dir == tmp_path / "cache" / "ov-cache"  # type: ignore[attr-defined]

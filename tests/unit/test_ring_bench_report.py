@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
 import pytest
 
-from agent.bench.ring_bench import build_report
+from agent.bench.ring_bench import RingSettings, _settings_json, add_arguments, build_report, render_markdown
 
 pytestmark = pytest.mark.ring
 
@@ -38,7 +39,11 @@ def _raw(speeds: dict[float, dict[str, float]]) -> dict[str, Any]:
         latencies[str(latency)] = {"tokens": 32, "runs": runs}
     setup = {"model": "smollm2", "stages": 2, "layers": [18, 12], "latencies": latencies, "prompt_tokens": 40,
              "drafters": {str(lat): "ngram" for lat in speeds}, "pilots": {str(lat): {} for lat in speeds}}
-    return {"settings": {"runs": 3, "tokens": 32}, "machine": {"cores": 2}, "setups": [setup]}
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = _settings_json(RingSettings.from_args(parser.parse_args(["--model", "smollm2", "--stages", "2",
+                                                                        "--runs", "3", "--tokens", "32"])))
+    return {"settings": settings, "machine": {"cores": 2}, "setups": [setup]}
 
 
 RAW = _raw({
@@ -80,3 +85,16 @@ def test_speculative_tokens_that_differ_from_pp_are_reported() -> None:
     agreement = build_report(raw)["setups"][0]["cells"][0]["agreement"]
     assert agreement["pp+sd/pp"] == {"same": 31, "total": 32, "first_difference": 20}  # the worst run counts
     assert agreement["pp+mb/pp"] == {"same": 32, "total": 32, "first_difference": None}
+
+
+def test_wire_bytes_per_decode_step_are_reported_and_rendered() -> None:
+    raw = json.loads(json.dumps(RAW))
+    for run in raw["setups"][0]["latencies"]["0.0"]["runs"]["pp+sd"]:
+        run["wire_sent_bytes"], run["wire_received_bytes"] = 10 * 2304, 10 * 20  # 10 steps
+    report = build_report(raw)
+    split = report["configs"]["pp+sd"]["time_split"]
+    assert split["wire_bytes_per_step"] == [2304, 20]
+    assert report["configs"]["pp"]["time_split"]["wire_bytes_per_step"] == [None, None]  # saved before they counted
+    text = render_markdown(report, "shoal bench ring --model smollm2")
+    assert "| 2,304, 20 |" in text
+    assert "| pp+sd+mb | 25.0 (23.8-26.2) |" in text
