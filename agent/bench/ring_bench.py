@@ -541,6 +541,7 @@ class _Snapshot:
     kv_cut: float = 0.0
     """Time the head's stage sessions spent cutting rejected drafts out of their KV state."""
     agent_compute: list[float] = field(default_factory=list)
+    agent_kv_cut: list[float] = field(default_factory=list)
     agent_steps: list[int] = field(default_factory=list)
     agent_cpu: list[float] = field(default_factory=list)
 
@@ -574,6 +575,8 @@ class RingRun:
     loop_cpu_s: float = 0.0
     loop_kernel_s: float = 0.0
     agent_compute_s: list[float] = field(default_factory=list)
+    agent_kv_cut_s: list[float] = field(default_factory=list)
+    """Of ``agent_compute_s``: each agent's cutting of rejected drafts out of its KV state."""
     agent_steps: list[int] = field(default_factory=list)
     agent_cpu_s: list[float] = field(default_factory=list)
     cpu_share: float | None = None
@@ -731,6 +734,7 @@ class Ring:
         shot = self._head_snapshot()
         statuses = await asyncio.gather(*(probe.get() for probe in self.probes))
         shot.agent_compute = [float(s["compute_seconds"]) for s in statuses]
+        shot.agent_kv_cut = [float(s.get("kv_cut_seconds", 0.0)) for s in statuses]
         shot.agent_steps = [int(s["steps_served"]) for s in statuses]
         shot.agent_cpu = [agent.cpu_seconds() for agent in self.agents]
         return shot
@@ -804,6 +808,7 @@ class Ring:
         end = last_shot[0]
         statuses = await asyncio.gather(*(probe.get() for probe in self.probes))
         end.agent_compute = [float(s["compute_seconds"]) for s in statuses]
+        end.agent_kv_cut = [float(s.get("kv_cut_seconds", 0.0)) for s in statuses]
         end.agent_steps = [int(s["steps_served"]) for s in statuses]
         end.agent_cpu = [agent.cpu_seconds() for agent in self.agents]
 
@@ -838,6 +843,7 @@ class Ring:
             loop_cpu_s=end.loop_cpu - begin.loop_cpu,
             loop_kernel_s=end.loop_kernel - begin.loop_kernel,
             agent_compute_s=[b - a for a, b in zip(begin.agent_compute, end.agent_compute, strict=True)],
+            agent_kv_cut_s=[b - a for a, b in zip(begin.agent_kv_cut, end.agent_kv_cut, strict=True)],
             agent_steps=[b - a for a, b in zip(begin.agent_steps, end.agent_steps, strict=True)],
             agent_cpu_s=[b - a for a, b in zip(begin.agent_cpu, end.agent_cpu, strict=True)],
             foreign_busy=foreign,
@@ -1112,6 +1118,10 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "draft_ms": per_token(lambda r: r["draft_s"]),
         "agents_compute_ms": [1e3 * statistics.median(r["agent_compute_s"][i] / r["window_tokens"] for r in runs)
                               for i in range(len(runs[0]["agent_compute_s"]))],
+        # runs saved before agents reported their cut have none: 0
+        "agents_kv_cut_ms": [1e3 * statistics.median((r.get("agent_kv_cut_s") or [0.0] * (i + 1))[i]
+                                                     / r["window_tokens"] for r in runs)
+                             for i in range(len(runs[0]["agent_compute_s"]))],
         "agents_other_cpu_ms": [
             1e3 * statistics.median(max(0.0, r["agent_cpu_s"][i] - r["agent_compute_s"][i]) / r["window_tokens"]
                                     for r in runs) for i in range(len(runs[0]["agent_compute_s"]))],
@@ -1386,7 +1396,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                 split_rows.append(
                     f"| {cell['latency_ms']:g} | {name} | {s['wall_ms']:.2f} | {s['head_stage_ms']:.2f} "
                     f"({s['head_infer_ms']:.2f}, {s.get('head_kv_cut_ms', 0.0):.2f}) | {s['draft_ms']:.2f} | "
-                    + " / ".join(f"{v:.2f}" for v in s["agents_compute_ms"])
+                    + " / ".join(f"{v:.2f} ({c:.2f})" for v, c in
+                                 zip(s["agents_compute_ms"], s["agents_kv_cut_ms"], strict=True))
                     + f" | {s['head_loop_python_ms']:.2f} + {s['head_executor_python_ms']:.2f} = "
                     f"{100 * s['python_share']:.1f} % | {s['head_loop_kernel_ms']:.2f} | {s['wire_and_rest_ms']:.2f} | "
                     + " / ".join(f"{v:.2f}" for v in s["agents_other_cpu_ms"])
@@ -1397,14 +1408,15 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                 "`InferRequest.infer`, and in cutting rejected drafts out of the KV state: OpenVINO state reads "
                 "and writes, not counted as Python), drafting on the head's worker thread (a draft model; the "
                 "n-gram drafter runs on the event loop and counts as Python), agents' compute (`compute_seconds` "
-                "from their status), our own Python on the head (event-loop thread CPU in user space + "
+                "from their status; of which KV cut), our own Python on the head (event-loop thread CPU in user "
+                "space + "
                 "worker-thread time outside `infer` and the KV cut; share of the token's wall time), the "
                 "event-loop thread's CPU in the kernel (socket sends and receives, on loopback the receiver's TCP "
                 "work included; part of the next column), the rest (wire, delays, proxies, agents' event loops, "
                 "scheduling), agents' CPU outside compute, ring steps per token, payload bytes of a decode step "
                 "to the first agent and of its answer from the last.",
                 "",
-                "| ms/hop | config | wall | stage 0 (infer, KV cut) | draft | agents' compute | head Python "
+                "| ms/hop | config | wall | stage 0 (infer, KV cut) | draft | agents' compute (KV cut) | head Python "
                 "| head kernel | wire + rest | agents' other CPU | steps/token | bytes/step out, back |",
                 "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
                 *split_rows,

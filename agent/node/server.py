@@ -73,6 +73,8 @@ class StageServer:
         self._started = clock()
         self.steps_served = 0
         self.compute_seconds = 0.0
+        self.kv_cut_seconds = 0.0
+        """Of ``compute_seconds``: cutting rejected drafts out of the KV state (``--rewind compact``)."""
         self.successor: SuccessorLink | None = None
         if not self.is_last:
             if config.next is None:
@@ -236,8 +238,10 @@ class StageServer:
                                   f"does not follow the {state.logical_length} positions held")
         loop = asyncio.get_running_loop()
         started = self._clock()
+        cut_before = sum(s.kv_cut_seconds for s in state.stages)
         output = await loop.run_in_executor(self._executor, self._compute, state, inputs, frame)
         self.compute_seconds += self._clock() - started
+        self.kv_cut_seconds += sum(s.kv_cut_seconds for s in state.stages) - cut_before
         self.steps_served += 1
         state.next_step += 1
         if self.is_last:
@@ -355,6 +359,7 @@ class StageServer:
             "max_sessions": self.table.capacity,
             "steps_served": self.steps_served,
             "compute_seconds": round(self.compute_seconds, 6),
+            "kv_cut_seconds": round(self.kv_cut_seconds, 6),
             "queued": self._queue.qsize(),
             "next_stage": None if self.successor is None else ("connected" if self.successor.connected else "down"),
             "heads": len(self.heads),

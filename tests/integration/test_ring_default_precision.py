@@ -56,6 +56,10 @@ def test_speculative_greedy_equals_plain_through_a_default_ring(
             await client.close()
 
     plain = asyncio.run(run(False, 1))
+    cut_before = [float(status(a.address, identity)["kv_cut_seconds"]) for a in ring3_int4]  # type: ignore[arg-type]
     for depth in (1, 2):
         assert asyncio.run(run(True, depth)) == plain, f"speculative tokens differ from plain at depth {depth}"
     assert stats.accepted < stats.drafted and stats.voided > 0, "nothing was rewound: compaction was not exercised"
+    cut_after = [float(status(a.address, identity)["kv_cut_seconds"]) for a in ring3_int4]  # type: ignore[arg-type]
+    assert all(after > before for before, after in zip(cut_before, cut_after, strict=True)), \
+        "an agent did not time its KV cuts"

@@ -55,3 +55,10 @@ def test_cutting_rejected_drafts_out_of_the_kv_state_is_stage_work_not_python() 
     assert split["head_executor_python_ms"] == pytest.approx(0.05)  # 0.4 - 0.38 - 0.015 s over 100 tokens
     assert split["python_share"] == pytest.approx(0.045)
     assert time_split([_run()])["head_kv_cut_ms"] == 0.0  # runs saved before the cut was timed
+
+
+def test_the_agents_kv_cut_is_shown_within_their_compute() -> None:
+    split = time_split([_run(agent_kv_cut_s=[0.02])])
+    assert split["agents_kv_cut_ms"] == [pytest.approx(0.2)]
+    assert split["agents_compute_ms"] == [pytest.approx(4.5)]  # still inside it: the stage's own work
+    assert time_split([_run()])["agents_kv_cut_ms"] == [0.0]  # runs saved before agents reported it
