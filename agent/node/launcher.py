@@ -43,10 +43,13 @@ class LocalAgent:
 def launch_agent(export_dir: Path, stage: int, identity_dir: Path, cache_dir: Path, *,
                  listen: str = "127.0.0.1:0", next_address: tuple[str, int] | None = None,
                  extra_args: list[str] | None = None, core: int | None = None, log_path: Path | None = None,
-                 timeout: float = 180.0) -> LocalAgent:
-    """Start one agent and wait for its ready line (it has verified and compiled its stage)."""
-    command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "agent", str(export_dir),
-               "--stage", str(stage), "--identity", str(identity_dir), "--listen", listen, *(extra_args or [])]
+                 timeout: float = 180.0, wrapper: list[str] | None = None) -> LocalAgent:
+    """Start one agent and wait for its ready line (it has verified and compiled its stage).
+
+    ``wrapper``: a command the agent runs under, e.g. ``ip netns exec NS`` for an agent in a network namespace."""
+    command = [*(wrapper or []), sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "agent",
+               str(export_dir), "--stage", str(stage), "--identity", str(identity_dir), "--listen", listen,
+               *(extra_args or [])]
     if next_address is not None:
         command += ["--next", f"{next_address[0]}:{next_address[1]}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.netlab import NetLab
 from tests.integration.ring_lab import AgentProcess, Fleet, start_ring
 
 RING_MAX_SESSIONS = 3
@@ -34,3 +36,17 @@ def ring3_int4(exported: Callable[..., Path], fleet: Fleet, cache_dir: Path) -> 
     yield agents
     for agent in agents:
         agent.stop()
+
+
+@pytest.fixture(scope="session")
+def netlab() -> Iterator[NetLab]:
+    """Three network namespaces on one bridge (hosts 1-3), torn down at the end; skipped without root."""
+    why = NetLab.available()
+    if why is not None:
+        pytest.skip(why)
+    lab = NetLab("shoaltest" + os.environ.get("PYTEST_XDIST_WORKER", ""), 3)
+    lab.up()
+    try:
+        yield lab
+    finally:
+        lab.down()
