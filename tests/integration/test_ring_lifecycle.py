@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import RingError
+from agent.errors import FleetBusyError, RingError
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import decode
 from tests.integration.ring_lab import AgentProcess, Fleet, start_agent, status, wait_for
@@ -131,3 +131,44 @@ def test_cancelled_generation_frees_every_stage(
     assert len(tokens) == 8
     wait_for(lambda: not any(status(a.address, observer)["sessions"] for a in ring3), 10,
              "every stage to free the cancelled session")
+
+
+def test_a_full_later_stage_refuses_only_the_extra_session(
+    exported: Callable[..., Path], fleet: Fleet, cache_dir: Path, chat_ids: list[list[int]],
+) -> None:
+    """Stage 1 holds one session, stage 0 three: the second session is refused by stage 1, the refusal reaches
+    its head as "fleet busy", stage 0 frees what it had opened for it, and the first session carries on."""
+    folder = exported(2, "fp32")
+    observer = fleet.identity("observer")
+    last = start_agent(folder, 1, fleet.identity("busy1"), cache_dir, extra=["--max-sessions", "1"])
+    first = start_agent(folder, 0, fleet.identity("busy0"), cache_dir, next_address=last.address,
+                        extra=["--max-sessions", "3"])
+    agents = [first, last]
+    try:
+        wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20, "stage 0 to find stage 1")
+        alone = _tokens(folder, agents, fleet, chat_ids[0], 12)
+
+        async def run() -> tuple[list[int], list[object], str]:
+            client = _client(folder, agents, fleet.identity("head"))
+            await client.connect()
+            try:
+                holder = client.session(GREEDY)
+                answer = _decoding(holder, client, chat_ids[0], n=12)
+                tokens = [await anext(answer)]
+                extra = client.session(GREEDY)
+                with pytest.raises(FleetBusyError, match="fleet busy: busy1"):
+                    await extra.step(chat_ids[1], 0, last_only=True)
+                await extra.close()
+                held = await asyncio.to_thread(lambda: [status(a.address, observer)["sessions"] for a in agents])
+                tokens += [t async for t in answer]
+                await holder.close()
+                return tokens, held, f"{holder.id:016x}"
+            finally:
+                await client.close()
+
+        tokens, held, holder_id = asyncio.run(run())
+        assert tokens == alone
+        assert held == [[holder_id], [holder_id]], "the refused session left state behind"
+    finally:
+        for agent in agents:
+            agent.stop()
