@@ -43,6 +43,7 @@ import os
 import resource
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -976,11 +977,22 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f} %"
 
 
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, a CI timeout) end the benchmark as Ctrl-C does: through the ``finally`` that
+    stops its agents and proxies, which the default action would leave running."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
     """Prepare (or reuse) the exports, bring each ring up, measure it, report."""
     from agent.fleet import init_fleet
 
     settings = RingSettings.from_args(args)
+    _stop_on_sigterm()
     exports = prepare_exports(settings, cache_dir)
     # pin before OpenVINO is loaded here, so that its thread pool sees one CPU
     os.sched_setaffinity(0, {settings.head_core})

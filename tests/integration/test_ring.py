@@ -278,8 +278,8 @@ def test_killed_head_frees_its_session_on_every_stage(
     observer = fleet.identity("observer")
     head = fleet.identity("doomed-head")
     command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "generate", str(folder),
-               "Write a very long story about a dragon who learns to code.", "--max-tokens", "1500", "--drafter", "none",
-               "--no-verify", "--identity", str(head.cert.parent), "--ring",
+               "Write a very long story about a dragon who learns to code.", "--max-tokens", "1500",
+               "--drafter", "none", "--no-verify", "--identity", str(head.cert.parent), "--ring",
                f"{ring3[0].address[0]}:{ring3[0].address[1]},{ring3[-1].address[0]}:{ring3[-1].address[1]}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
