@@ -108,6 +108,7 @@ class RingClient:
         error = self.failure or PeerUnavailableError("the head reconnects")
         for session in list(self._sessions.values()):
             session._fail(error)
+        self._sessions.clear()  # they cannot go on: no longer counted as open (``useful_depth``)
         await self._drop_connections()
         self.failure = None
         log.info("node=%s head %x reconnecting (%s)", self.node, self.head_id, error)
