@@ -1269,7 +1269,9 @@ def _goal_text(name: str, goal: dict[str, Any]) -> str:
     if "share" in goal:
         figure = f"{100 * goal['share']:.1f} % (< {100 * goal['target']:.0f} %)"
     else:
-        figure = f"{goal['ratio']:.2f}× (≥ {goal['target']:.2f}×)"
+        # a ratio that rounds onto its target is shown to three places, so that "FAIL" never reads as equal
+        places = 3 if round(goal["ratio"], 2) == round(goal["target"], 2) else 2
+        figure = f"{goal['ratio']:.{places}f}× (≥ {goal['target']:.2f}×)"
     return f"{name}: {figure} {'pass' if goal['pass'] else 'FAIL'}"
 
 

@@ -98,3 +98,12 @@ def test_wire_bytes_per_decode_step_are_reported_and_rendered() -> None:
     text = render_markdown(report, "shoal bench ring --model smollm2")
     assert "| 2,304, 20 |" in text
     assert "| pp+sd+mb | 25.0 (23.8-26.2) |" in text
+
+
+def test_a_ratio_just_under_its_goal_is_not_shown_as_equal() -> None:
+    from agent.bench.ring_bench import _goal_text
+
+    assert _goal_text("pp+mb/pp@0ms", {"target": 1.85, "ratio": 1.8474, "pass": False}) == \
+        "pp+mb/pp@0ms: 1.847× (≥ 1.85×) FAIL"
+    assert _goal_text("pp+sd/pp@0ms", {"target": 1.4, "ratio": 1.5612, "pass": True}) == \
+        "pp+sd/pp@0ms: 1.56× (≥ 1.40×) pass"
