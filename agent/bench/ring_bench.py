@@ -732,7 +732,10 @@ class Ring:
 
     async def snapshot(self) -> _Snapshot:
         """The head's counters now, then the agents' (their status arrives within a loopback round trip)."""
-        shot = self._head_snapshot()
+        return await self._with_agents(self._head_snapshot())
+
+    async def _with_agents(self, shot: _Snapshot) -> _Snapshot:
+        """``shot`` with the agents' counters (their status and their processes' CPU time) read now."""
         statuses = await asyncio.gather(*(probe.get() for probe in self.probes))
         shot.agent_compute = [float(s["compute_seconds"]) for s in statuses]
         shot.agent_kv_cut = [float(s.get("kv_cut_seconds", 0.0)) for s in statuses]
@@ -806,12 +809,7 @@ class Ring:
         if self.client.failure is not None:
             raise BenchError(f"the ring failed: {self.client.failure}")
         begin = await first_shot[0]
-        end = last_shot[0]
-        statuses = await asyncio.gather(*(probe.get() for probe in self.probes))
-        end.agent_compute = [float(s["compute_seconds"]) for s in statuses]
-        end.agent_kv_cut = [float(s.get("kv_cut_seconds", 0.0)) for s in statuses]
-        end.agent_steps = [int(s["steps_served"]) for s in statuses]
-        end.agent_cpu = [agent.cpu_seconds() for agent in self.agents]
+        end = await self._with_agents(last_shot[0])
 
         t0 = max(s[0] for s in stamps)
         t1 = max(s[-1] for s in stamps)
@@ -1130,9 +1128,7 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "draft_ms": per_token(lambda r: r["draft_s"]),
         "agents_compute_ms": [1e3 * statistics.median(r["agent_compute_s"][i] / r["window_tokens"] for r in runs)
                               for i in range(len(runs[0]["agent_compute_s"]))],
-        # runs saved before agents reported their cut have none: 0
-        "agents_kv_cut_ms": [1e3 * statistics.median((r.get("agent_kv_cut_s") or [0.0] * (i + 1))[i]
-                                                     / r["window_tokens"] for r in runs)
+        "agents_kv_cut_ms": [1e3 * statistics.median(_agent_kv_cut(r, i) / r["window_tokens"] for r in runs)
                              for i in range(len(runs[0]["agent_compute_s"]))],
         "agents_other_cpu_ms": [
             1e3 * statistics.median(max(0.0, r["agent_cpu_s"][i] - r["agent_compute_s"][i]) / r["window_tokens"]
@@ -1150,6 +1146,12 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     split["head_python_ms"] = split["head_loop_python_ms"] + split["head_executor_python_ms"]
     split["python_share"] = statistics.median((loop_user(r) + executor_python(r)) / r["window_s"] for r in runs)
     return split
+
+
+def _agent_kv_cut(run: dict[str, Any], agent: int) -> float:
+    """One agent's KV-cut seconds in ``run`` (0 in runs saved before agents reported it)."""
+    cuts = run.get("agent_kv_cut_s") or []
+    return float(cuts[agent]) if agent < len(cuts) else 0.0
 
 
 def _drafters_by_latency(setup: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:

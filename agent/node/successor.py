@@ -57,15 +57,12 @@ class SuccessorLink:
             try:
                 connection = await dial(*self.address, self._context, max_payload=self._max_payload,
                                         label=f"next stage {where}")
-            except PeerRefusedError as exc:
-                level = logging.DEBUG if str(exc) == refused else logging.WARNING
-                refused = str(exc)
-                log.log(level, "node=%s %s; retrying in %.1f s", self._hello.node, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                continue
             except PeerUnavailableError as exc:
-                log.debug("node=%s %s; retrying in %.1f s", self._hello.node, exc, backoff)
+                # a successor that is not up yet is routine; one that refuses us is news, once per streak
+                news = isinstance(exc, PeerRefusedError) and str(exc) != refused
+                refused = str(exc) if isinstance(exc, PeerRefusedError) else refused
+                log.log(logging.WARNING if news else logging.DEBUG, "node=%s %s; retrying in %.1f s",
+                        self._hello.node, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue

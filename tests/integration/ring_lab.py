@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,13 @@ def start_ring(export_dir: Path, fleet: Fleet, cache_dir: Path, stages: int, pre
     """One agent per stage on loopback."""
     identities = [fleet.identity(f"{prefix}{stage}").cert.parent for stage in range(stages)]
     return launch_ring(export_dir, identities, cache_dir, extra_args=["--device", "CPU", "--no-verify", *(extra or [])])
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]

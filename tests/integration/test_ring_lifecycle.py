@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,16 +13,10 @@ import pytest
 from agent.errors import FleetBusyError, RingError
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import decode
-from tests.integration.ring_lab import AgentProcess, Fleet, start_agent, status, wait_for
+from tests.integration.ring_lab import AgentProcess, Fleet, free_port, start_agent, status, wait_for
 from tests.integration.test_ring import GREEDY, _client, _decoding, _generate
 
 pytestmark = pytest.mark.ring
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _tokens(folder: Path, ring: list[AgentProcess], fleet: Fleet, prompt: list[int], n: int) -> list[int]:
@@ -42,7 +35,7 @@ def test_first_stage_up_before_its_successor_then_successor_restarts(
     exported: Callable[..., Path], fleet: Fleet, cache_dir: Path, chat_ids: list[list[int]],
 ) -> None:
     folder = exported(2, "fp32")
-    port = _free_port()
+    port = free_port()
     observer = fleet.identity("observer")
     first = start_agent(folder, 0, fleet.identity("early0"), cache_dir, next_address=("127.0.0.1", port))
     agents = [first]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from agent.wire import FrameDecoder, FrameType, encode_frame
 from agent.wire.frames import HEADER, MAGIC, PROTOCOL_VERSION
 from agent.wire.messages import Hello
 from shards.manifest import Manifest
-from tests.integration.ring_lab import AgentProcess, Fleet, start_agent, status, wait_for
+from tests.integration.ring_lab import AgentProcess, Fleet, free_port, start_agent, status, wait_for
 from tests.integration.test_ring import _generate
 
 pytestmark = pytest.mark.ring
@@ -62,9 +61,7 @@ def test_successor_from_another_ca_is_refused_and_logged_by_the_dialling_stage(
 ) -> None:
     """A stage whose next stage shows another CA's certificate warns, with its address, and never relays."""
     folder = exported(2, "fp32")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     impostor = start_agent(folder, 1, fleet.foreign_identity("impostor1"), cache_dir,
                            extra=["--listen", f"127.0.0.1:{port}"])
     dialler = start_agent(folder, 0, fleet.identity("dialler0"), cache_dir, next_address=("127.0.0.1", port))

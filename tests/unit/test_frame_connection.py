@@ -4,7 +4,6 @@ failure (never a clean close), and a TLS refusal is told apart from a peer that 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from agent.fleet import init_fleet, issue_node
 from agent.transport.connection import FrameConnection, dial
 from agent.transport.tls import client_context, server_context
 from agent.wire import Frame, FrameType, encode_frame
+from tests.integration.ring_lab import free_port
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.ring]
 
@@ -101,12 +101,6 @@ def test_a_frame_over_the_cap_is_a_protocol_error() -> None:
     assert isinstance(failure, RemoteProtocolError)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_dial_tells_a_refusal_from_an_unreachable_peer(tmp_path: Path) -> None:
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     init_fleet(ours, "ours")
@@ -126,7 +120,7 @@ def test_dial_tells_a_refusal_from_an_unreachable_peer(tmp_path: Path) -> None:
             server.close()
             await server.wait_closed()
         with pytest.raises(PeerUnavailableError) as unreachable:
-            await dial("127.0.0.1", _free_port(), client_context(stranger), timeout=2.0)
+            await dial("127.0.0.1", free_port(), client_context(stranger), timeout=2.0)
         return refused.value, unreachable.value
 
     refused, unreachable = asyncio.run(run())
