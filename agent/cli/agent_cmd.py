@@ -37,9 +37,15 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "max_sessions": args.max_sessions,
         "wire_dtype": args.wire_dtype,
         "verify": False if args.no_verify else None,
+        "chat": args.chat,
+        "chat_file": args.chat_file,
+        "ring_first": args.ring_first,
+        "ring_last": args.ring_last,
+        "drafter": args.drafter,
     }
-    # the identity under the data dir unless a flag or the file names one
-    config = load_agent_config(args.config, overrides, {"identity_dir": lambda: identity_dir(None, data_dir)})
+    # the identity (and the chat endpoint file) under the data dir unless a flag or the file names one
+    config = load_agent_config(args.config, overrides, {"identity_dir": lambda: identity_dir(None, data_dir),
+                                                        "chat_file": lambda: data_dir / "chat.json"})
     if config.runtime.cache_dir is None:
         from dataclasses import replace
 
@@ -61,15 +67,26 @@ async def serve(config: AgentConfig) -> int:
         None, lambda: [CompiledStage(config.export_dir, g, manifest.weights, config.runtime) for g in graphs])
     server = StageServer(config, manifest, stages, identity.name, server_context(identity), client_context(identity))
     host, port = await server.start()
+    chats = None
+    chat_note = ""
+    if config.chat is not None:
+        from agent.chat.service import ChatService
+
+        chats = ChatService(config, server, client_context(identity))
+        chat_host, chat_port = await chats.start()
+        chat_note = f" chat={chat_host}:{chat_port}"
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # Windows: no signal handlers on the loop
             loop.add_signal_handler(signum, stop.set)
     print(f"shoal agent: ready node={identity.name} listen={host}:{port} stages={','.join(map(str, config.stages))} "
-          f"layers={graphs[0].layer_start}-{graphs[-1].layer_stop - 1} device={stages[0].device}", flush=True)
+          f"layers={graphs[0].layer_start}-{graphs[-1].layer_stop - 1} device={stages[0].device}{chat_note}",
+          flush=True)
     try:
         await stop.wait()
     finally:
+        if chats is not None:
+            await chats.stop()
         await server.stop()
     print("shoal agent: stopped", file=sys.stderr)
     return 0

@@ -1,8 +1,10 @@
 """``shoal demo``: the built-in default fleet on this one PC.
 
 Exports SmolLM2-135M-Instruct into stage shards (once; reused afterwards), creates a demo fleet
-CA and node certificates, starts one ``shoal agent`` per stage on loopback, and answers a chat
-prompt through the ring with speculative decoding, then shows every stage's status and stops.
+CA and node certificates, starts one ``shoal agent`` per stage on loopback, and asks the agent of
+stage 0 (the PC the user sits at) for an answer: it heads the conversation, computing stage 0
+in-process and driving the ring with speculative decoding, as ``shoal ask`` would. Then it shows
+every stage's status and stops.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from agent.cli.generate_cmd import HeadOptions, stream_answer
+from agent.chat.endpoint import ChatEndpoint
+from agent.chat.protocol import ChatRequest
+from agent.cli.ask_cmd import stream_chat
 from agent.fleet import FleetPaths, init_fleet, issue_node
-from agent.head.sampling import SamplingParams
 from agent.node.launcher import launch_ring
-from agent.runtime import RuntimeConfig
 
 # Greedy SmolLM2-135M loops on some prompts (the one before this, on a one-thread Xeon with AMX, repeated
 # a made-up name to the token limit); this one ends in a sentence there.
@@ -33,14 +35,22 @@ def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
     identities = [_identity(fleet_dir, f"demo-stage{i}") for i in range(args.stages)]
     head = _identity(fleet_dir, "demo-head")
     print(f"starting {args.stages} agents on loopback (mutual TLS, fleet {fleet_dir}) ...", file=sys.stderr)
-    agents = launch_ring(args.out, identities, cache_dir, extra_args=["--threads", "1", "--no-verify"])
+    chat_file = data_dir / "demo-chat.json"
+    agents = launch_ring(args.out, identities, cache_dir, extra_args=["--threads", "1", "--no-verify"],
+                         chat_file=chat_file)
     try:
         for agent in agents:
             print(f"  stage {agent.stage}: agent pid {agent.process.pid} on {agent.address[0]}:{agent.address[1]}",
                   file=sys.stderr)
-        options = HeadOptions(drafter="ngram", ring=(agents[0].address, agents[-1].address), identity_dir=head)
-        config = RuntimeConfig(cache_dir=cache_dir / "ov-cache")
-        asyncio.run(stream_answer(args.out, args.prompt, SamplingParams(), config, options, args.max_tokens))
+        endpoint = ChatEndpoint.load(chat_file)
+        print(f"asking the agent of stage 0 (chat endpoint {endpoint.host}:{endpoint.port}) ...", file=sys.stderr)
+        request = ChatRequest(token=endpoint.token, messages=(("user", args.prompt),), max_tokens=args.max_tokens)
+        done = asyncio.run(stream_chat(endpoint, request))
+        stats = done.stats
+        print(f"[{stats['tokens']} tokens in {stats['seconds']:.2f} s, "
+              f"{stats['tokens'] / max(stats['seconds'], 1e-9):.1f} tok/s, {stats['steps']} steps through "
+              f"{len(agents)} agents; {stats['accepted']} of {stats['drafted']} n-gram drafts accepted]",
+              file=sys.stderr)
         asyncio.run(_show_status([a.address for a in agents], head))
     finally:
         for agent in agents:
@@ -63,5 +73,9 @@ async def _show_status(addresses: list[tuple[str, int]], identity_dir: Path) -> 
     for address in addresses:
         s = await fetch_status(address, identity)
         layers = s["layers"]
+        chat = s.get("chat")
+        own = (f"; for its own chats {chat['local_steps']} steps, {chat['local_compute_seconds']:.2f} s"  # type: ignore[index]
+               if isinstance(chat, dict) else "")
         print(f"  {s['node']}: layers {layers[0]}-{layers[1] - 1}, {s['steps_served']} steps, "  # type: ignore[index]
-              f"{s['compute_seconds']:.2f} s computing, {len(s['sessions'])} sessions open", file=sys.stderr)  # type: ignore[arg-type]
+              f"{s['compute_seconds']:.2f} s computing{own}, {len(s['sessions'])} sessions open",  # type: ignore[arg-type]
+              file=sys.stderr)

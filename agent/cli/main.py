@@ -114,6 +114,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wire-dtype", choices=("auto", "f32", "f16"), default=None,
                    help="hidden states on the wire (default auto: the dtype the stage computes in)")
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
+    p.add_argument("--chat", default=None, metavar="HOST:PORT",
+                   help="head the chats of this PC: serve them on this loopback address (e.g. 127.0.0.1:0)")
+    p.add_argument("--chat-file", type=Path, default=None,
+                   help="where the chat address and access token are written (default: <data dir>/chat.json)")
+    p.add_argument("--ring-first", default=None, metavar="HOST:PORT",
+                   help="for chats on an agent that does not serve stage 0: stage 0's address")
+    p.add_argument("--ring-last", default=None, metavar="HOST:PORT",
+                   help="for chats: the last stage's address (default: --next)")
+    p.add_argument("--drafter", choices=DRAFTERS, default=None,
+                   help="the drafter of this agent's chats (default ngram)")
+
+    p = sub.add_parser("ask", help="ask this PC's agent (started with --chat) for one answer, streamed")
+    p.add_argument("prompt")
+    p.add_argument("--chat-file", type=Path, default=None,
+                   help="the agent's chat endpoint file (default: <data dir>/chat.json)")
+    p.add_argument("--system", default=None, help="a system message before the prompt")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
 
     p = sub.add_parser("status", help="ask agents for their status (JSON)")
     p.add_argument("address", nargs="+", help="HOST:PORT of an agent")
@@ -191,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             from agent.cli.agent_cmd import run_agent
 
             return run_agent(args, cache_dir, default_data_dir())
+        if args.command == "ask":
+            from agent.cli.ask_cmd import run_ask
+
+            return run_ask(args, default_data_dir())
         if args.command == "status":
             from agent.cli.status_cmd import run_status
 

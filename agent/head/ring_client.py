@@ -11,6 +11,7 @@ import contextlib
 import logging
 import secrets
 import ssl
+import time
 from concurrent.futures import Executor
 from typing import Any
 
@@ -56,6 +57,9 @@ class RingClient:
         self._sessions: dict[int, RingSession] = {}
         self._readers: list[asyncio.Task[None]] = []
         self.failure: RingError | None = None
+        self.local_steps = 0
+        self.local_seconds = 0.0
+        """Steps of this head's sessions on its own stages, and the time they took (on the executor)."""
         self.turn = HeadTurn()
         """The head's core, shared by its sessions: each step's local work (drafting, the head's stages) is
         done holding it (``decode(turn=...)``), so that sessions take whole turns instead of interleaving."""
@@ -293,12 +297,16 @@ class RingSession:
         return future
 
     def _run_local(self, ids: list[int], rewind: int, position: int) -> np.ndarray:
+        started = time.perf_counter()
         positions = np.arange(position, position + len(ids), dtype=np.int64)[None]
         x: np.ndarray = np.asarray([ids], dtype=np.int64)
         for session in self._local:
             session.rewind(rewind)
             x = session.step(x, positions)
-        return np.array(x, dtype=self.client._wire_dtype)
+        hidden = np.array(x, dtype=self.client._wire_dtype)
+        self.client.local_steps += 1
+        self.client.local_seconds += time.perf_counter() - started
+        return hidden
 
     async def close(self) -> None:
         """End the session: every stage frees its state."""

@@ -8,11 +8,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from agent.head.drafters import DRAFTERS
 from agent.runtime.stage import RuntimeConfig
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 from shards.errors import ShoalError
 
 WIRE_DTYPES = ("auto", "f32", "f16")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class ConfigError(ShoalError, ValueError):
@@ -47,6 +49,17 @@ class AgentConfig:
     in f16, else f32; never rounds), ``f32``, or ``f16`` (half the bytes; rounds f32 values)."""
     verify: bool = True
     """Check the stage files' sha256 against the manifest at start-up."""
+    chat: tuple[str, int] | None = None
+    """Loopback address of this agent's chat endpoint (``agent.chat``): the agent is then the head of the
+    conversations asked of it there. None: no chats."""
+    chat_file: Path | None = None
+    """Where the chat endpoint's address and access token are written for local clients."""
+    ring_first: tuple[str, int] | None = None
+    """For chats on an agent that does not serve stage 0: the address of stage 0."""
+    ring_last: tuple[str, int] | None = None
+    """For chats: the last stage's address (default: ``next``, right for a ring of two agents)."""
+    drafter: str = "ngram"
+    """The drafter of this agent's chats (``agent.head.drafting.make_drafter``)."""
 
     def __post_init__(self) -> None:
         if not self.stages or list(self.stages) != list(range(self.stages[0], self.stages[0] + len(self.stages))):
@@ -55,6 +68,17 @@ class AgentConfig:
             raise ConfigError("max_sessions must be at least 1")
         if self.wire_dtype not in WIRE_DTYPES:
             raise ConfigError(f"wire_dtype must be one of {WIRE_DTYPES}")
+        if self.chat is not None:
+            if self.chat[0] not in LOOPBACK:
+                raise ConfigError(f"the chat endpoint is for clients on this PC: listen on loopback "
+                                  f"(127.0.0.1), not {self.chat[0]}")
+            if self.chat_file is None:
+                raise ConfigError("chat_file is needed with chat")
+            if self.stages[0] != 0 and self.ring_first is None:
+                raise ConfigError("an agent that does not serve stage 0 needs ring_first (stage 0's address) "
+                                  "to head chats")
+        if self.drafter not in DRAFTERS:
+            raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
 
 
 def load_agent_config(path: Path | None, overrides: dict[str, Any],
@@ -64,7 +88,8 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any],
     identity under the data dir).
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
-    device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify.
+    device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
+    chat, chat_file, ring_first, ring_last (``HOST:PORT``), drafter.
     """
     values: dict[str, Any] = {}
     if path is not None:
@@ -93,10 +118,11 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any],
     values["stages"] = tuple(stages) if isinstance(stages, (list, tuple)) else (int(stages),)
     values["export_dir"] = Path(values["export_dir"])
     values["identity_dir"] = Path(values["identity_dir"])
-    if isinstance(values.get("listen"), str):
-        values["listen"] = parse_address(values["listen"])
-    if isinstance(values.get("next"), str):
-        values["next"] = parse_address(values["next"]) if values["next"] else None
+    for key in ("listen", "next", "chat", "ring_first", "ring_last"):
+        if isinstance(values.get(key), str):
+            values[key] = parse_address(values[key]) if values[key] else None
+    if values.get("chat_file") is not None:
+        values["chat_file"] = Path(values["chat_file"])
     try:
         return AgentConfig(runtime=runtime, **values)
     except TypeError as exc:

@@ -76,14 +76,21 @@ def launch_agent(export_dir: Path, stage: int, identity_dir: Path, cache_dir: Pa
 
 def launch_ring(export_dir: Path, identity_dirs: list[Path], cache_dir: Path, *,
                 extra_args: list[str] | None = None, cores: list[int | None] | None = None,
-                log_dir: Path | None = None) -> list[LocalAgent]:
-    """One agent per stage on loopback, started last stage first so that each knows its successor's port."""
+                log_dir: Path | None = None, chat_file: Path | None = None) -> list[LocalAgent]:
+    """One agent per stage on loopback, started last stage first so that each knows its successor's port.
+
+    ``chat_file``: the agent of stage 0 also heads chats (``shoal agent --chat``), its endpoint written there."""
     agents: list[LocalAgent] = []
     next_address = None
     try:
         for stage in reversed(range(len(identity_dirs))):
+            args = list(extra_args or [])
+            if stage == 0 and chat_file is not None:
+                args += ["--chat", "127.0.0.1:0", "--chat-file", str(chat_file)]
+                if agents:
+                    args += ["--ring-last", f"{agents[-1].address[0]}:{agents[-1].address[1]}"]
             agent = launch_agent(export_dir, stage, identity_dirs[stage], cache_dir, next_address=next_address,
-                                 extra_args=extra_args, core=None if cores is None else cores[stage],
+                                 extra_args=args, core=None if cores is None else cores[stage],
                                  log_path=None if log_dir is None else log_dir / f"agent-{stage}.log")
             agents.insert(0, agent)
             next_address = agent.address

@@ -71,16 +71,25 @@ class StageServer:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = clock()
+        self.address: tuple[str, int] = config.listen
+        """Where this agent listens (the bound port once started)."""
         self.steps_served = 0
         self.compute_seconds = 0.0
         self.kv_cut_seconds = 0.0
         """Of ``compute_seconds``: cutting rejected drafts out of the KV state (``--rewind compact``)."""
+        self.status_sections: dict[str, Callable[[], Any]] = {}
+        """More of ``status()``, from what runs beside the stages (the agent's chats)."""
         self.successor: SuccessorLink | None = None
         if not self.is_last:
             if config.next is None:
                 raise ShoalError(f"stage(s) {config.stages} are not the last: the next stage's address is needed")
             self.successor = SuccessorLink(config.next, client_context, self.hello, on_frame=self._from_successor,
                                            on_lost=self._successor_lost, max_payload=config.max_payload)
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The one thread this agent computes on: its chats' local work queues there behind ring steps."""
+        return self._executor
 
     # -- life cycle ----------------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
@@ -91,6 +100,7 @@ class StageServer:
         if self.successor is not None:
             self._spawn(self.successor.run())
         address = self._server.sockets[0].getsockname()
+        self.address = (address[0], address[1])
         log.info("node=%s serving layers %d-%d on %s:%d%s", self.node, self.hello.layer_start,
                  self.hello.layer_stop - 1, address[0], address[1], " (last stage)" if self.is_last else "")
         return address[0], address[1]
@@ -356,6 +366,7 @@ class StageServer:
             # whether speculative greedy decoding here equals plain decoding (null: not measured on this device)
             "exact_speculation": self.stages[0].exact_speculation,
             "sessions": [f"{s:016x}" for s in self.table.sessions],
+            "local_chats": self.table.local,
             "max_sessions": self.table.capacity,
             "steps_served": self.steps_served,
             "compute_seconds": round(self.compute_seconds, 6),
@@ -364,6 +375,7 @@ class StageServer:
             "next_stage": None if self.successor is None else ("connected" if self.successor.connected else "down"),
             "heads": len(self.heads),
             "uptime_s": round(self._clock() - self._started, 3),
+            **{name: section() for name, section in self.status_sections.items()},
         }
 
 

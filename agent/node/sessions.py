@@ -28,14 +28,26 @@ class SessionState:
 
 @dataclass
 class SessionTable:
-    """Sessions by id, capped at ``capacity``."""
+    """Sessions by id, capped at ``capacity`` together with the agent's own chats (``reserve``)."""
 
     capacity: int
     sessions: dict[int, SessionState] = field(default_factory=dict)
+    local: int = 0
+    """KV states held outside the table: the chats this agent heads, on its own stages."""
 
     @property
     def full(self) -> bool:
-        return len(self.sessions) >= self.capacity
+        return len(self.sessions) + self.local >= self.capacity
+
+    def reserve(self) -> bool:
+        """Claim room for one of the agent's own chats; False when every place is taken."""
+        if self.full:
+            return False
+        self.local += 1
+        return True
+
+    def release(self) -> None:
+        self.local = max(0, self.local - 1)
 
     def get(self, session: int) -> SessionState | None:
         return self.sessions.get(session)

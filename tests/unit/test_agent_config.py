@@ -30,11 +30,26 @@ def test_file_then_flags(tmp_path: Path) -> None:
     ({"wire_dtype": "f8"}, "wire_dtype"),
     ({"colour": "blue"}, "unknown agent settings: colour"),
     ({"stages": None, "identity_dir": "x"}, "'stages' is missing"),
+    ({"chat": "0.0.0.0:7000", "chat_file": "c.json"}, "loopback"),
+    ({"chat": "127.0.0.1:0"}, "chat_file is needed"),
+    ({"chat": "127.0.0.1:0", "chat_file": "c.json", "stages": [1]}, "needs ring_first"),
+    ({"drafter": "oracle"}, "drafter must be one of"),
 ])
 def test_bad_settings_are_refused(overrides: dict[str, object], message: str) -> None:
     values: dict[str, object] = {"export_dir": "e", "stages": [0], "identity_dir": "i"} | overrides
     with pytest.raises(ConfigError, match=message):
         load_agent_config(None, values)
+
+
+def test_chat_settings(tmp_path: Path) -> None:
+    config = load_agent_config(None, {"export_dir": "e", "stages": [1], "identity_dir": "i", "chat": "127.0.0.1:0",
+                                      "chat_file": str(tmp_path / "c.json"), "ring_first": "10.0.0.1:7000",
+                                      "ring_last": "10.0.0.3:7000", "drafter": "none"})
+    assert config.chat == ("127.0.0.1", 0)
+    assert config.chat_file == tmp_path / "c.json"
+    assert (config.ring_first, config.ring_last) == (("10.0.0.1", 7000), ("10.0.0.3", 7000))
+    assert config.drafter == "none"
+    assert load_agent_config(None, {"export_dir": "e", "stages": [0], "identity_dir": "i"}).chat is None
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
@@ -78,9 +93,8 @@ def test_the_agent_command_finds_its_identity_under_the_data_dir_with_a_config_f
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``shoal agent --config FILE`` where the file names no identity: the one node issued under the data dir."""
-    import argparse
-
     from agent.cli import agent_cmd
+    from agent.cli.main import build_parser
     from agent.fleet import init_fleet, issue_node
 
     data_dir = tmp_path / "data"
@@ -94,10 +108,9 @@ def test_the_agent_command_finds_its_identity_under_the_data_dir_with_a_config_f
         seen.append(config)
         return 0
 
-    args = argparse.Namespace(config=config_file, export_dir=None, stage=None, identity=None, listen=None, next=None,
-                              device=None, threads=None, precision=None, fast_prefill=None, rewind=None,
-                              max_sessions=None, wire_dtype=None, no_verify=False)
+    args = build_parser().parse_args(["agent", "--config", str(config_file)])
     monkeypatch.setattr(agent_cmd, "serve", serve)  # everything up to loading the stages
     assert agent_cmd.run_agent(args, tmp_path / "cache", data_dir) == 0
     assert seen[0].identity_dir == issued.cert.parent  # type: ignore[attr-defined]
     assert seen[0].runtime.cache_dir == tmp_path / "cache" / "ov-cache"  # type: ignore[attr-defined]
+    assert seen[0].chat_file == data_dir / "chat.json"  # type: ignore[attr-defined]

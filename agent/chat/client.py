@@ -1,0 +1,36 @@
+"""A chat client of the local agent: send one request, read its events (``shoal ask``, the TUI)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from agent.chat.endpoint import ChatEndpoint
+from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+
+
+async def ask(endpoint: ChatEndpoint, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+    """The events of one answer, ending with ``done`` or ``error``. Leaving the loop early (or
+    cancelling) closes the connection, which cancels the answer on the agent."""
+    try:
+        reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port, limit=MAX_LINE_BYTES + 1)
+    except OSError as exc:
+        yield ChatEvent.error("agent_unavailable", f"no agent answers at {endpoint.host}:{endpoint.port}: {exc}")
+        return
+    try:
+        writer.write(request.to_line())
+        await writer.drain()
+        while True:
+            line = await reader.readline()
+            if not line:
+                yield ChatEvent.error("agent_unavailable", "the agent closed the connection before the answer ended")
+                return
+            event = ChatEvent.from_line(line)
+            yield event
+            if event.event != "token":
+                return
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()

@@ -1,0 +1,168 @@
+"""The local chat endpoint's protocol: one JSON request line in, JSON event lines out.
+
+A chat client on the PC (``shoal ask``, later the TUI) connects to its own agent over loopback TCP,
+sends one :class:`ChatRequest` line carrying the endpoint's access token, and reads events until a
+``done`` or an ``error``: one ``token`` event per generated token (its id and the text it adds; the
+text may be empty while a multi-byte character is incomplete). Closing the connection cancels the
+answer. Every line carries the protocol version ``v``; requests are checked field by field here, at
+the edge, before anything reaches the generation loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from agent.head.sampling import SamplingParams
+from shards.errors import ShoalError
+
+PROTOCOL_VERSION = 1
+MAX_LINE_BYTES = 1 << 20
+"""A request longer than this is refused (it would be a prompt far beyond any context anyway)."""
+ROLES = ("system", "user", "assistant")
+
+
+class ChatProtocolError(ShoalError, ValueError):
+    """A request or event line is malformed; ``code`` names the kind for the client."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One answer asked of the agent: the conversation so far and how to sample the reply."""
+
+    token: str
+    messages: tuple[tuple[str, str], ...]
+    """(role, content) pairs, oldest first; the last is the user's."""
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The conversation in the form chat templates take."""
+        return [{"role": role, "content": content} for role, content in self.messages]
+
+    def to_line(self) -> bytes:
+        body = asdict(self)
+        body["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+        return _line({"v": PROTOCOL_VERSION, **body})
+
+    @classmethod
+    def from_line(cls, line: bytes) -> ChatRequest:
+        """Parse and check one request line (raises :class:`ChatProtocolError`)."""
+        data = _object(line)
+        unknown = set(data) - {"v", "token", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed"}
+        if unknown:
+            raise ChatProtocolError(f"unknown request fields {sorted(unknown)}")
+        token = _typed(data, "token", str)
+        raw = data.get("messages")
+        if not isinstance(raw, list) or not raw:
+            raise ChatProtocolError("'messages' must be a non-empty list")
+        messages = []
+        for item in raw:
+            if not isinstance(item, dict) or set(item) != {"role", "content"}:
+                raise ChatProtocolError("each message must be {\"role\": ..., \"content\": ...}")
+            role, content = item["role"], item["content"]
+            if role not in ROLES or not isinstance(content, str):
+                raise ChatProtocolError(f"a message's role must be one of {', '.join(ROLES)} and its content text")
+            messages.append((role, content))
+        if messages[-1][0] != "user":
+            raise ChatProtocolError("the last message must be the user's")
+        max_tokens = _typed(data, "max_tokens", int, 256)
+        if max_tokens < 1:
+            raise ChatProtocolError("max_tokens must be at least 1")
+        request = cls(token=token, messages=tuple(messages), max_tokens=max_tokens,
+                      temperature=float(_typed(data, "temperature", (int, float), 0.0)),
+                      top_p=float(_typed(data, "top_p", (int, float), 1.0)), top_k=_typed(data, "top_k", int, 0),
+                      seed=_typed(data, "seed", (int, type(None)), None))
+        try:
+            request.sampling  # noqa: B018 - validates the sampling settings
+        except ShoalError as exc:
+            raise ChatProtocolError(str(exc)) from exc
+        return request
+
+
+EventKind = Literal["token", "done", "error"]
+
+
+@dataclass(frozen=True)
+class ChatEvent:
+    """One line of an answer: a token, the end (with what the generation did), or an error."""
+
+    event: EventKind
+    id: int | None = None
+    text: str = ""
+    code: str = ""
+    """For errors: ``bad_request``, ``unauthorized``, ``prompt_too_long``, ``fleet_busy``, ``ring_unavailable``,
+    ``failed``."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """For ``done``: tokens, seconds, steps, drafted, accepted, median_k."""
+
+    def to_line(self) -> bytes:
+        body: dict[str, Any] = {"v": PROTOCOL_VERSION, "event": self.event}
+        if self.event == "token":
+            body.update(id=self.id, text=self.text)
+        elif self.event == "error":
+            body.update(code=self.code, text=self.text)
+        else:
+            body.update(stats=self.stats)
+        return _line(body)
+
+    @classmethod
+    def from_line(cls, line: bytes) -> ChatEvent:
+        data = _object(line)
+        kind = data.get("event")
+        if kind == "token":
+            token_id = _typed(data, "id", int)
+            return cls("token", id=token_id, text=_typed(data, "text", str))
+        if kind == "error":
+            return cls("error", code=_typed(data, "code", str), text=_typed(data, "text", str))
+        if kind == "done":
+            return cls("done", stats=_typed(data, "stats", dict))
+        raise ChatProtocolError(f"unknown event {kind!r}")
+
+    @classmethod
+    def error(cls, code: str, text: str) -> ChatEvent:
+        return cls("error", code=code, text=text)
+
+
+def _line(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def _object(line: bytes) -> dict[str, Any]:
+    if len(line) > MAX_LINE_BYTES:
+        raise ChatProtocolError(f"line longer than {MAX_LINE_BYTES} bytes")
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ChatProtocolError("not a JSON line") from exc
+    if not isinstance(data, dict):
+        raise ChatProtocolError("not a JSON object")
+    if data.get("v") != PROTOCOL_VERSION:
+        raise ChatProtocolError(f"protocol version {data.get('v')!r}, this agent speaks {PROTOCOL_VERSION}",
+                                code="bad_version")
+    return data
+
+
+_MISSING = object()
+
+
+def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
+    value = data.get(name, default)
+    if value is _MISSING:
+        raise ChatProtocolError(f"missing field {name!r}")
+    # bool is an int to isinstance; a flag where a number belongs is still a mistake
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ChatProtocolError(f"field {name!r} has the wrong type")
+    return value

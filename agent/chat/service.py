@@ -1,0 +1,240 @@
+"""``ChatService``: the agent of the PC where the user chats is the head of that conversation.
+
+The agent serves a chat endpoint on loopback (``agent.chat.protocol``). For each request it runs the
+generation loop itself: the export's tokenizer and chat template, a drafter, speculative decoding.
+Holding stage 0 it computes that stage in-process, on the same compiled graphs and the same one
+thread as the ring steps it serves for other heads, and sends hidden states on to the next stage; not
+holding it, it sends token ids to stage 0 (``ring_first``). The last stage answers this agent directly,
+over its own connection to it. An agent holding every stage answers without a ring.
+
+A chat takes one of the agent's ``max_sessions`` places for as long as it runs (its KV state lives on
+this agent's stages): when all are taken the user gets "fleet busy", and nobody else is affected.
+A client that disconnects cancels its answer, and every stage frees the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import ssl
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from agent.chat.endpoint import ChatEndpoint
+from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
+from agent.errors import FleetBusyError, PeerUnavailableError, RingError
+from agent.head.adaptive_k import AdaptiveK
+from agent.head.chat import ChatTokenizer, PromptTooLongError, TextStream
+from agent.head.decode import DecodeStats, decode
+from agent.head.drafting import make_drafter
+from agent.head.generate import check_prompt
+from agent.head.ring_client import RingClient
+from agent.head.targets import LocalTarget, Target
+from agent.node.config import AgentConfig
+from agent.node.server import StageServer
+from agent.runtime.pipeline import PipelineSession
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = 10.0
+"""A client must send its request line within this long after connecting."""
+RING_TIMEOUT = 15.0
+"""How long a chat waits for the rest of the ring to be reachable before it fails."""
+
+
+class ChatService:
+    """The chat endpoint of one agent, and the head of every conversation it is asked for."""
+
+    def __init__(self, config: AgentConfig, server: StageServer, client_context: ssl.SSLContext) -> None:
+        assert config.chat is not None and config.chat_file is not None
+        self.config = config
+        self.server = server
+        self.node = server.node
+        self._context = client_context
+        self.tokenizer: ChatTokenizer | None = None  # loaded by start(), off the event loop
+        self._holds_all = len(server.stages) == len(server.manifest.stages)
+        self._holds_first = server.hello.layer_start == 0
+        self._client: RingClient | None = None
+        self._connecting = asyncio.Lock()
+        self._listener: asyncio.Server | None = None
+        self._endpoint: ChatEndpoint | None = None
+        self._answers: set[asyncio.Task[Any]] = set()
+        self.answered = 0
+
+    async def start(self) -> tuple[str, int]:
+        """Listen on the configured loopback address and write the endpoint file; returns the address."""
+        host, port = self.config.chat  # type: ignore[misc]
+        folder = self.config.export_dir / "tokenizer"
+        self.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ChatTokenizer, folder)
+        self._listener = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE_BYTES + 1)
+        bound = self._listener.sockets[0].getsockname()
+        self._endpoint = ChatEndpoint.new(bound[0], bound[1])
+        self._endpoint.write(self.endpoint_file)
+        self.server.status_sections["chat"] = self.status
+        log.info("node=%s chats on %s:%d (endpoint file %s)", self.node, bound[0], bound[1], self.endpoint_file)
+        return bound[0], bound[1]
+
+    @property
+    def endpoint_file(self) -> Path:
+        assert self.config.chat_file is not None
+        return self.config.chat_file
+
+    async def stop(self) -> None:
+        """Stop listening, end the answers in progress (their sessions are freed) and leave the ring."""
+        if self._listener is not None:
+            self._listener.close()
+        for task in list(self._answers):
+            task.cancel()
+        for task in list(self._answers):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._endpoint is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.endpoint_file.unlink()
+        if self._client is not None:
+            await self._client.close()
+
+    def status(self) -> dict[str, Any]:
+        """The chat part of the agent's status: where it listens, answers given and running, its own steps."""
+        assert self._endpoint is not None
+        client = self._client
+        return {"endpoint": f"{self._endpoint.host}:{self._endpoint.port}", "answered": self.answered,
+                "running": self.server.table.local, "local_steps": client.local_steps if client else 0,
+                "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0}
+
+    # -- one client connection -----------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
+        try:
+            request = await self._read_request(reader)
+            events = self.answer(request)
+            try:
+                async for event in events:
+                    writer.write(event.to_line())
+                    await writer.drain()  # a client that left ends the answer here
+            finally:
+                await events.aclose()
+        except ChatProtocolError as exc:
+            log.warning("node=%s chat request refused: %s", self.node, exc)
+            with contextlib.suppress(ConnectionError):
+                writer.write(ChatEvent.error(exc.code, str(exc)).to_line())
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            log.info("node=%s chat client left before its answer was complete", self.node)
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> ChatRequest:
+        try:
+            line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT)
+        except TimeoutError as exc:
+            raise ChatProtocolError(f"no request within {REQUEST_TIMEOUT:.0f} s") from exc
+        except ValueError as exc:  # the stream's limit: a line over MAX_LINE_BYTES
+            raise ChatProtocolError(f"request longer than {MAX_LINE_BYTES} bytes") from exc
+        request = ChatRequest.from_line(line)
+        assert self._endpoint is not None
+        if not secrets.compare_digest(request.token.encode(), self._endpoint.token.encode()):
+            raise ChatProtocolError("wrong access token (read it from the endpoint file)", code="unauthorized")
+        return request
+
+    # -- one answer ----------------------------------------------------------------------------
+    async def answer(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+        """The events of one answer: a ``token`` per generated token, then ``done``; or an ``error``."""
+        manifest = self.server.manifest
+        params = request.sampling
+        tokenizer = self.tokenizer
+        assert tokenizer is not None, "start() first"
+        prompt_ids = tokenizer.encode_chat(request.chat_messages())
+        try:
+            check_prompt(prompt_ids, request.max_tokens, manifest.context_tokens)
+        except PromptTooLongError as exc:
+            yield ChatEvent.error("prompt_too_long", str(exc))
+            return
+        if not self.server.table.reserve():
+            yield ChatEvent.error("fleet_busy", f"fleet busy: {self.node} already holds {self.server.table.capacity} "
+                                  "sessions; try again later")
+            return
+        target: Target | None = None
+        stats = DecodeStats()
+        started = time.perf_counter()
+        try:
+            try:
+                target, turn = await self._target(request)
+            except FleetBusyError:
+                raise
+            except RingError as exc:
+                raise PeerUnavailableError(str(exc)) from exc
+            drafter = make_drafter(self.config.drafter, self.config.export_dir, manifest, params,
+                                   self.config.runtime)
+            stream = TextStream(tokenizer)
+            log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
+            async for token in decode(target, prompt_ids, max_tokens=request.max_tokens,
+                                      stop_ids=tokenizer.stop_ids, params=params,
+                                      context_tokens=manifest.context_tokens, drafter=drafter,
+                                      k_policy=AdaptiveK(), executor=self.server.executor, stats=stats, turn=turn):
+                yield ChatEvent("token", id=token, text=stream.push(token))
+        except FleetBusyError as exc:
+            yield ChatEvent.error("fleet_busy", str(exc))
+            return
+        except PeerUnavailableError as exc:
+            log.warning("node=%s chat failed: %s", self.node, exc)
+            yield ChatEvent.error("ring_unavailable", str(exc))
+            return
+        except RingError as exc:
+            log.warning("node=%s chat failed: %s", self.node, exc)
+            yield ChatEvent.error("failed", str(exc))
+            return
+        finally:
+            if target is not None:
+                with contextlib.suppress(RingError):
+                    await target.close()
+            self.server.table.release()
+        seconds = time.perf_counter() - started
+        self.answered += 1
+        log.info("node=%s chat answered: %d tokens in %.2f s, %d steps", self.node, stats.tokens, seconds,
+                 stats.steps + 1)
+        yield ChatEvent("done", stats={"tokens": stats.tokens, "seconds": round(seconds, 4),
+                                       "steps": stats.steps + 1, "drafted": stats.drafted,
+                                       "accepted": stats.accepted, "median_k": stats.median_k})
+
+    async def _target(self, request: ChatRequest) -> tuple[Target, Any]:
+        """The model for one chat, and the turn its local work takes on this agent's core."""
+        if self._holds_all:
+            session = PipelineSession([stage.new_session() for stage in self.server.stages])
+            return LocalTarget(session, request.sampling, self.server.executor), None
+        client = await self._ring()
+        return await client.open_session(request.sampling, RING_TIMEOUT), client.turn
+
+    async def _ring(self) -> RingClient:
+        """This agent's connections to the rest of the ring, made at the first chat (bring-up order is free)."""
+        async with self._connecting:
+            if self._client is None:
+                first, last = self._ring_addresses()
+                local = self.server.stages if self._holds_first else []
+                client = RingClient(self.server.manifest, first, last, self._context, self.node, local_stages=local,
+                                    executor=self.server.executor, max_payload=self.config.max_payload,
+                                    wire_dtype=self.config.wire_dtype)
+                await client.connect(RING_TIMEOUT)
+                self._client = client
+            return self._client
+
+    def _ring_addresses(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        """The first stage this head sends to and the last one that answers it (config checked them)."""
+        config = self.config
+        first = config.next if self._holds_first else config.ring_first
+        if self.server.is_last:
+            host, port = self.server.address
+            last = ("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host, port)
+        else:
+            last = config.ring_last or config.next
+        assert first is not None and last is not None
+        return first, last

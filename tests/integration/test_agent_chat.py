@@ -1,0 +1,198 @@
+"""The agent of the PC where the user chats heads the conversation (issue 3, ``agent.chat``).
+
+A chat agent serves stage 0 of the fp32 3-stage export beside ``ring3``'s own stage-0 agent: it
+computes stage 0 in-process and sends hidden states to ring3's stage 1, and ring3's last stage answers
+it directly. Its answers must be exactly the in-process pipeline's greedy answers (with stop tokens, as
+a chat ends), alone and with other chats at once; a chat beyond its ``max_sessions`` is refused with
+"fleet busy"; bad requests and a wrong token are refused without disturbing anyone; a client that
+leaves mid-answer frees the session on every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.chat.client import ask
+from agent.chat.endpoint import ChatEndpoint
+from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.head.chat import ChatTokenizer
+from agent.head.decode import decode
+from agent.head.sampling import SamplingParams
+from agent.head.targets import LocalTarget
+from agent.runtime import LocalPipeline, RuntimeConfig
+from shards.manifest import Manifest
+from tests.conftest import PROMPTS
+from tests.integration.ring_lab import AgentProcess, Fleet, start_agent, status, wait_for
+
+pytestmark = pytest.mark.ring
+MAX_TOKENS = 48
+CHAT_SESSIONS = 2
+LONG_PROMPT = "Write a very long story about a dragon who learns to code."
+
+
+@pytest.fixture(scope="module")
+def chat_agent(ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentProcess, ChatEndpoint]]:
+    """A second stage-0 agent with a chat endpoint, in front of ring3's stages 1 and 2."""
+    endpoint_file = tmp_path_factory.mktemp("chat") / "chat.json"
+    last = ring3[2].address
+    agent = start_agent(exported(3, "fp32"), 0, fleet.identity("chat-node"), cache_dir,
+                        next_address=ring3[1].address,
+                        extra=["--precision", "f32", "--max-sessions", str(CHAT_SESSIONS), "--chat", "127.0.0.1:0",
+                               "--chat-file", str(endpoint_file), "--ring-last", f"{last[0]}:{last[1]}"])
+    yield agent, ChatEndpoint.load(endpoint_file)
+    agent.stop()
+    assert not endpoint_file.exists(), "a stopped agent leaves no endpoint file behind"
+
+
+@pytest.fixture(scope="module")
+def reference(exported: Callable[..., Path], cache_dir: Path) -> Callable[[str], list[int]]:
+    """Greedy answer of the in-process fp32 pipeline, ending at a stop token or after MAX_TOKENS."""
+    folder = exported(3, "fp32")
+    tokenizer = ChatTokenizer(folder / "tokenizer")
+    pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
+    answers: dict[str, list[int]] = {}
+
+    def answer(prompt: str) -> list[int]:
+        if prompt not in answers:
+            async def run() -> list[int]:
+                target = LocalTarget(pipeline.new_session(), SamplingParams())
+                ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+                try:
+                    return [t async for t in decode(target, ids, max_tokens=MAX_TOKENS, stop_ids=tokenizer.stop_ids,
+                                                    params=SamplingParams(), context_tokens=2048)]
+                finally:
+                    await target.close()
+
+            answers[prompt] = asyncio.run(run())
+        return answers[prompt]
+
+    return answer
+
+
+def _request(endpoint: ChatEndpoint, prompt: str, max_tokens: int = MAX_TOKENS,
+             token: str | None = None) -> ChatRequest:
+    return ChatRequest(token=endpoint.token if token is None else token, messages=(("user", prompt),),
+                       max_tokens=max_tokens)
+
+
+async def _events(endpoint: ChatEndpoint, request: ChatRequest) -> list[ChatEvent]:
+    return [event async for event in ask(endpoint, request)]
+
+
+def _tokens(events: list[ChatEvent]) -> list[int]:
+    assert events[-1].event == "done", events[-1]
+    return [e.id for e in events if e.event == "token"]  # type: ignore[misc]
+
+
+def test_chat_agent_answers_exactly_as_the_pipeline(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
+    exported: Callable[..., Path], cache_dir: Path, fleet: Fleet,
+) -> None:
+    """Four prompts through the agent's own stage 0 and the ring: the pipeline's tokens, and their text."""
+    agent, endpoint = chat_agent
+    tokenizer = ChatTokenizer(exported(3, "fp32") / "tokenizer")
+    drafted = 0
+    for prompt in PROMPTS:
+        events = asyncio.run(_events(endpoint, _request(endpoint, prompt)))
+        tokens = _tokens(events)
+        assert tokens == reference(prompt), prompt
+        assert "".join(e.text for e in events if e.event == "token") == tokenizer.decode(tokens)
+        assert events[-1].stats["tokens"] == len(tokens)
+        drafted += events[-1].stats["drafted"]
+    assert drafted > 0, "the chats decode speculatively (n-gram drafter by default)"
+    # the command line: `shoal ask` prints the same text
+    done = subprocess.run([sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "ask", PROMPTS[0],
+                           "--max-tokens", str(MAX_TOKENS), "--chat-file", str(_endpoint_file(agent))],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == tokenizer.decode(reference(PROMPTS[0])) + "\n"
+    report = status(agent.address, fleet.identity("observer"))["chat"]
+    assert report["answered"] == len(PROMPTS) + 1  # type: ignore[index]
+    assert report["local_steps"] > 0 and report["running"] == 0  # type: ignore[index]
+    assert status(agent.address, fleet.identity("observer"))["steps_served"] == 0  # stage 0 ran in the chat, in-process
+
+
+def _endpoint_file(agent: AgentProcess) -> Path:
+    command = agent.process.args
+    assert isinstance(command, list)
+    return Path(command[command.index("--chat-file") + 1])
+
+
+def test_concurrent_chats_match_alone_and_the_extra_one_is_busy(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
+) -> None:
+    """Two chats at once each give their lone answer; a third while both run gets "fleet busy"."""
+    _, endpoint = chat_agent
+
+    async def together() -> tuple[list[list[ChatEvent]], list[ChatEvent]]:
+        streams = [ask(endpoint, _request(endpoint, LONG_PROMPT, 64)), ask(endpoint, _request(endpoint, PROMPTS[2]))]
+        firsts = [await anext(stream) for stream in streams]  # both hold their place on the agent now
+        extra = await _events(endpoint, _request(endpoint, PROMPTS[1]))
+
+        async def rest(stream):  # type: ignore[no-untyped-def]
+            return [event async for event in stream]
+
+        rests = await asyncio.gather(*(rest(s) for s in streams))
+        return [[first, *more] for first, more in zip(firsts, rests, strict=True)], extra
+
+    (long_answer, short_answer), extra = asyncio.run(together())
+    assert [e.event for e in extra] == ["error"] and extra[0].code == "fleet_busy", extra
+    assert _tokens(short_answer) == reference(PROMPTS[2])
+    alone = asyncio.run(_events(endpoint, _request(endpoint, LONG_PROMPT, 64)))
+    assert _tokens(long_answer) == _tokens(alone)
+    assert len(_tokens(alone)) == 64, "the long answer must outlast the extra request"
+
+
+def test_bad_requests_are_refused_and_the_agent_goes_on(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
+) -> None:
+    _, endpoint = chat_agent
+
+    async def raw(line: bytes) -> list[ChatEvent]:
+        reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        writer.write(line)
+        await writer.drain()
+        events = [ChatEvent.from_line(line) async for line in reader]
+        writer.close()
+        return events
+
+    wrong = asyncio.run(_events(endpoint, _request(endpoint, PROMPTS[0], token="0" * 64)))
+    assert [(e.event, e.code) for e in wrong] == [("error", "unauthorized")]
+    assert [e.code for e in asyncio.run(raw(b"not json\n"))] == ["bad_request"]
+    assert [e.code for e in asyncio.run(raw(b'{"v":2}\n'))] == ["bad_version"]
+    good = _request(endpoint, PROMPTS[0]).to_line()
+    mistyped = good.replace(b'"max_tokens":48', b'"max_tokens":"48"')
+    assert mistyped != good
+    assert [e.code for e in asyncio.run(raw(mistyped))] == ["bad_request"]
+    long_prompt = _request(endpoint, "word " * 5000)
+    assert [e.code for e in asyncio.run(_events(endpoint, long_prompt))] == ["prompt_too_long"]
+    assert _tokens(asyncio.run(_events(endpoint, _request(endpoint, PROMPTS[0])))) == reference(PROMPTS[0])
+
+
+def test_client_leaving_mid_answer_frees_the_session_everywhere(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], ring3: list[AgentProcess], fleet: Fleet,
+) -> None:
+    agent, endpoint = chat_agent
+    observer = fleet.identity("observer")
+
+    async def leave_early() -> int:
+        stream = ask(endpoint, _request(endpoint, LONG_PROMPT, 200))
+        got = [await anext(stream) for _ in range(5)]
+        assert all(e.event == "token" for e in got)
+        held = await asyncio.to_thread(status, agent.address, observer)
+        await stream.aclose()  # the connection closes: the agent cancels the answer
+        return int(held["local_chats"])  # type: ignore[arg-type]
+
+    assert asyncio.run(leave_early()) == 1
+    wait_for(lambda: status(agent.address, observer)["local_chats"] == 0, 20, "the chat agent to free its place")
+    for stage in ring3[1:]:
+        wait_for(lambda stage=stage: status(stage.address, observer)["sessions"] == [], 20,
+                 f"stage {stage.stage} to free the chat's session")
+    assert "chat client left" in agent.log_text()
