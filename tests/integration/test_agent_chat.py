@@ -28,7 +28,7 @@ from agent.head.targets import LocalTarget
 from agent.runtime import LocalPipeline, RuntimeConfig
 from shards.manifest import Manifest
 from tests.conftest import PROMPTS
-from tests.integration.ring_lab import AgentProcess, Fleet, start_agent, status, wait_for
+from tests.integration.ring_lab import AgentProcess, Fleet, free_port, start_agent, status, wait_for
 
 pytestmark = pytest.mark.ring
 MAX_TOKENS = 48
@@ -196,3 +196,38 @@ def test_client_leaving_mid_answer_frees_the_session_everywhere(
         wait_for(lambda stage=stage: status(stage.address, observer)["sessions"] == [], 20,
                  f"stage {stage.stage} to free the chat's session")
     assert "chat client left" in agent.log_text()
+
+
+def test_agent_off_stage_zero_heads_chats_through_token_ids(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    reference: Callable[[str], list[int]], tmp_path: Path,
+) -> None:
+    """An agent serving stage 1 heads a chat by sending token ids to ring3's stage 0 (``--ring-first``)."""
+    first, last = ring3[0].address, ring3[2].address
+    agent = start_agent(exported(3, "fp32"), 1, fleet.identity("chat-node-1"), cache_dir, next_address=last,
+                        extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "c.json"),
+                               "--ring-first", f"{first[0]}:{first[1]}", "--ring-last", f"{last[0]}:{last[1]}"])
+    try:
+        endpoint = ChatEndpoint.load(tmp_path / "c.json")
+        assert _tokens(asyncio.run(_events(endpoint, _request(endpoint, PROMPTS[1])))) == reference(PROMPTS[1])
+        assert status(agent.address, fleet.identity("observer"))["chat"]["local_steps"] == 0  # type: ignore[index]
+    finally:
+        agent.stop()
+
+
+def test_chat_on_an_unreachable_ring_fails_with_a_clear_error(
+    exported: Callable[..., Path], fleet: Fleet, cache_dir: Path, tmp_path: Path,
+) -> None:
+    """Stage 0's successor never comes up: the chat ends in ``ring_unavailable``, the agent stays up."""
+    nobody = ("127.0.0.1", free_port())
+    agent = start_agent(exported(3, "fp32"), 0, fleet.identity("chat-node-2"), cache_dir, next_address=nobody,
+                        extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "c.json")])
+    try:
+        endpoint = ChatEndpoint.load(tmp_path / "c.json")
+        events = asyncio.run(_events(endpoint, _request(endpoint, PROMPTS[0])))
+        assert [e.event for e in events] == ["error"] and events[0].code == "ring_unavailable", events
+        assert f"{nobody[0]}:{nobody[1]}" in events[0].text
+        assert agent.process.poll() is None
+        assert status(agent.address, fleet.identity("observer"))["local_chats"] == 0  # its place is free again
+    finally:
+        agent.stop()
