@@ -30,7 +30,7 @@ from agent.errors import FleetBusyError, PeerUnavailableError, RingError
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.chat import ChatTokenizer, PromptTooLongError, TextStream
 from agent.head.decode import DecodeStats, decode
-from agent.head.drafting import make_drafter
+from agent.head.drafting import DrafterFactory
 from agent.head.generate import check_prompt
 from agent.head.ring_client import RingClient
 from agent.head.targets import LocalTarget, Target
@@ -56,6 +56,7 @@ class ChatService:
         self.node = server.node
         self._context = client_context
         self.tokenizer: ChatTokenizer | None = None  # loaded by start(), off the event loop
+        self.drafters = DrafterFactory(config.drafter, config.export_dir, server.manifest, config.runtime)
         self._holds_all = len(server.stages) == len(server.manifest.stages)
         self._holds_first = server.hello.layer_start == 0
         self._client: RingClient | None = None
@@ -69,7 +70,9 @@ class ChatService:
         """Listen on the configured loopback address and write the endpoint file; returns the address."""
         host, port = self.config.chat  # type: ignore[misc]
         folder = self.config.export_dir / "tokenizer"
-        self.tokenizer = await asyncio.get_running_loop().run_in_executor(None, ChatTokenizer, folder)
+        loop = asyncio.get_running_loop()
+        self.tokenizer = await loop.run_in_executor(None, ChatTokenizer, folder)
+        await loop.run_in_executor(None, self.drafters.prepare)  # a draft model is compiled once, now
         self._listener = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE_BYTES + 1)
         bound = self._listener.sockets[0].getsockname()
         self._endpoint = ChatEndpoint.new(bound[0], bound[1])
@@ -173,8 +176,7 @@ class ChatService:
                 raise
             except RingError as exc:
                 raise PeerUnavailableError(str(exc)) from exc
-            drafter = make_drafter(self.config.drafter, self.config.export_dir, manifest, params,
-                                   self.config.runtime)
+            drafter = self.drafters.new(params)
             stream = TextStream(tokenizer)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
             async for token in decode(target, prompt_ids, max_tokens=request.max_tokens,

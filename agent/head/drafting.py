@@ -15,26 +15,60 @@ from shards.manifest import Manifest
 
 def make_drafter(kind: str, export_dir: Path, manifest: Manifest, params: SamplingParams,
                  config: RuntimeConfig, draft_export: Path | None = None) -> Drafter | None:
-    """``draft`` uses the draft graph (a separate draft model or a self-draft) of ``draft_export``
+    """One drafter for one conversation (see :class:`DrafterFactory` for the kinds)."""
+    return DrafterFactory(kind, export_dir, manifest, config, draft_export).new(params)
+
+
+class DrafterFactory:
+    """Drafters of one kind for many conversations, each with its own state; a draft model is compiled once.
+
+    ``draft`` uses the draft graph (a separate draft model or a self-draft) of ``draft_export``
     (default: the target's export), or, when ``draft_export`` is a 1-stage export, that whole model; a
     model with another tokenizer drafts through text (``CrossTokenizerDrafter``). ``ngram+draft``: the
     n-gram drafter where the context repeats, that model elsewhere. ``auto`` picks a draft graph when
     there is one, else n-gram."""
-    draft_manifest = manifest if draft_export is None else Manifest.load(draft_export)
-    if kind == "auto":
-        kind = "draft" if draft_manifest.draft is not None else "ngram"
-    if kind == "none":
-        return None
-    if kind == "ngram":
-        return NGramDrafter()
-    if kind not in ("draft", "ngram+draft"):
-        raise ShoalError(f"drafter must be one of {', '.join(DRAFTERS)}, not {kind!r}")
-    model = _model_drafter(export_dir, manifest, params, config, draft_export, draft_manifest)
-    return model if kind == "draft" else HybridDrafter(NGramDrafter(), model)
+
+    def __init__(self, kind: str, export_dir: Path, manifest: Manifest, config: RuntimeConfig,
+                 draft_export: Path | None = None) -> None:
+        self._draft_manifest = manifest if draft_export is None else Manifest.load(draft_export)
+        if kind == "auto":
+            kind = "draft" if self._draft_manifest.draft is not None else "ngram"
+        if kind not in DRAFTERS:
+            raise ShoalError(f"drafter must be one of {', '.join(DRAFTERS)}, not {kind!r}")
+        self.kind = kind
+        self._export_dir, self._manifest, self._config, self._draft_export = export_dir, manifest, config, draft_export
+        self._model: tuple[CompiledStage, TextBridge | None] | None = None
+
+    @property
+    def uses_model(self) -> bool:
+        return self.kind in ("draft", "ngram+draft")
+
+    def prepare(self) -> None:
+        """Compile the draft model now (blocking) rather than for the first conversation; checks the export."""
+        if self.uses_model and self._model is None:
+            self._model = _draft_model(self._export_dir, self._manifest, self._config, self._draft_export,
+                                       self._draft_manifest)
+
+    def new(self, params: SamplingParams) -> Drafter | None:
+        """A drafter for a new conversation (None for ``none``)."""
+        if self.kind == "none":
+            return None
+        if self.kind == "ngram":
+            return NGramDrafter()
+        self.prepare()
+        assert self._model is not None
+        stage, bridge = self._model
+        model: Drafter
+        if bridge is None:
+            model = ModelDrafter(stage, params)
+        else:
+            model = CrossTokenizerDrafter(ModelDrafter(stage, SamplingParams()), bridge)  # greedy: see its docstring
+        return model if self.kind == "draft" else HybridDrafter(NGramDrafter(), model)
 
 
-def _model_drafter(export_dir: Path, manifest: Manifest, params: SamplingParams, config: RuntimeConfig,
-                   draft_export: Path | None, draft_manifest: Manifest) -> Drafter:
+def _draft_model(export_dir: Path, manifest: Manifest, config: RuntimeConfig, draft_export: Path | None,
+                 draft_manifest: Manifest) -> tuple[CompiledStage, TextBridge | None]:
+    """The compiled draft graph, and the text bridge where it speaks another tokenizer."""
     source = draft_export or export_dir
     if draft_manifest.draft is not None:
         graph, vocab = draft_manifest.draft.graph, draft_manifest.draft.arch.vocab_size
@@ -49,12 +83,11 @@ def _model_drafter(export_dir: Path, manifest: Manifest, params: SamplingParams,
         raise ShoalError(f"the draft graph in {source} does not share the target's tokenizer")
     stage = CompiledStage(source, graph, draft_manifest.weights, config, drafts=True)
     if shares_tokenizer:
-        return ModelDrafter(stage, params)
+        return stage, None
     from transformers import AutoTokenizer
 
-    bridge = TextBridge(AutoTokenizer.from_pretrained(str(export_dir / "tokenizer")),
-                        AutoTokenizer.from_pretrained(str(source / "tokenizer")))
-    return CrossTokenizerDrafter(ModelDrafter(stage, SamplingParams()), bridge)  # greedy: see its docstring
+    return stage, TextBridge(AutoTokenizer.from_pretrained(str(export_dir / "tokenizer")),
+                             AutoTokenizer.from_pretrained(str(source / "tokenizer")))
 
 
 def _tokenizer_hashes(manifest: Manifest) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 from agent.head.cross_drafter import CrossTokenizerDrafter, TextBridge
 from agent.head.decode import DecodeStats
 from agent.head.drafters import HybridDrafter
-from agent.head.drafting import make_drafter
+from agent.head.drafting import DrafterFactory, make_drafter
 from agent.head.model_drafter import ModelDrafter
 from agent.runtime import LocalPipeline, RuntimeConfig
 from agent.runtime.stage import CompiledStage
@@ -71,3 +71,25 @@ def test_drafting_through_text_keeps_greedy_tokens(exported: Callable[..., Path]
         print(f"\n{name}: acceptance {stats.acceptance:.0%} of {stats.drafted} drafted in {stats.steps} steps")
         # the draft is the target's own weights in int4: most drafts must survive the round trip
         assert stats.drafted > 0 and stats.acceptance > 0.5, name
+
+
+def test_drafters_of_one_factory_share_the_model_not_the_state(exported: Callable[..., Path], cache_dir: Path,
+                                                              chat_ids: list[list[int]]) -> None:
+    """Two conversations' drafters from one factory (one compiled draft model, as an agent's chats use it):
+    interleaving them gives each exactly the drafts it gives alone."""
+    config = RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov", precision="f32")
+    target_dir, draft_dir = exported(3, "int4"), exported(1, "int4")
+    factory = DrafterFactory("draft", target_dir, Manifest.load(target_dir), config, draft_dir)
+    a, b = factory.new(GREEDY), factory.new(GREEDY)
+    assert a is not None and b is not None
+    interleaved = [a.propose(chat_ids[0], 4).tokens, b.propose(chat_ids[1], 4).tokens,
+                   a.propose(chat_ids[0][:-3], 4).tokens, b.propose(chat_ids[1] + [42], 4).tokens]
+    alone = []
+    for context in (chat_ids[0], chat_ids[1], chat_ids[0][:-3], chat_ids[1] + [42]):
+        fresh = factory.new(GREEDY)
+        assert fresh is not None
+        alone.append(fresh.propose(context, 4).tokens)
+    assert interleaved == alone
+    assert interleaved[0] != interleaved[1]  # the two contexts draft differently: state really is per drafter
+    assert DrafterFactory("ngram", target_dir, Manifest.load(target_dir), config).new(GREEDY) is not None
+    assert DrafterFactory("none", target_dir, Manifest.load(target_dir), config).new(GREEDY) is None
