@@ -131,6 +131,11 @@ class ChatService:
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             log.info("node=%s chat client left before its answer was complete", self.node)
+        except Exception:  # a bug must not go unanswered, nor take the agent down
+            log.exception("node=%s chat failed unexpectedly", self.node)
+            with contextlib.suppress(ConnectionError):
+                writer.write(ChatEvent.error("failed", "internal error in the agent (see its log)").to_line())
+                await writer.drain()
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError, asyncio.CancelledError):
@@ -179,11 +184,12 @@ class ChatService:
             drafter = self.drafters.new(params)
             stream = TextStream(tokenizer)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
-            async for token in decode(target, prompt_ids, max_tokens=request.max_tokens,
-                                      stop_ids=tokenizer.stop_ids, params=params,
-                                      context_tokens=manifest.context_tokens, drafter=drafter,
-                                      k_policy=AdaptiveK(), executor=self.server.executor, stats=stats, turn=turn):
-                yield ChatEvent("token", id=token, text=stream.push(token))
+            tokens = decode(target, prompt_ids, max_tokens=request.max_tokens, stop_ids=tokenizer.stop_ids,
+                            params=params, context_tokens=manifest.context_tokens, drafter=drafter,
+                            k_policy=AdaptiveK(), executor=self.server.executor, stats=stats, turn=turn)
+            async with contextlib.aclosing(tokens):  # a client that leaves ends the loop now, not at collection
+                async for token in tokens:
+                    yield ChatEvent("token", id=token, text=stream.push(token))
         except FleetBusyError as exc:
             yield ChatEvent.error("fleet_busy", str(exc))
             return
