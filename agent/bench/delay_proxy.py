@@ -33,7 +33,11 @@ import json
 import logging
 import socket
 import sys
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
+
+from agent.transport.tasks import OwnedTasks
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +75,7 @@ class DelayProxy:
         self.delay = delay
         self._listen = listen
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = OwnedTasks()
         self.counters = _Counters()
 
     @property
@@ -88,11 +92,7 @@ class DelayProxy:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.cancel_all()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -104,11 +104,8 @@ class DelayProxy:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _spawn(self, coro: object) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[Any]:
+        return self._tasks.spawn(coro)
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         _nodelay(client_writer)

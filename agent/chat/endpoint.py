@@ -27,6 +27,8 @@ class ChatEndpoint:
     host: str
     port: int
     token: str
+    http: str = ""
+    """Base URL of the agent's OpenAI-style API (``--http``), empty when it serves none."""
 
     @classmethod
     def new(cls, host: str, port: int) -> ChatEndpoint:
@@ -38,14 +40,14 @@ class ChatEndpoint:
         scratch = path.with_name(path.name + f".{os.getpid()}.tmp")
         descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as out:
-            json.dump({"host": self.host, "port": self.port, "token": self.token}, out)
+            json.dump({"host": self.host, "port": self.port, "token": self.token, "http": self.http}, out)
         os.replace(scratch, path)
 
     @classmethod
     def load(cls, path: Path) -> ChatEndpoint:
         try:
             data = json.loads(path.read_text())
-            return cls(str(data["host"]), int(data["port"]), str(data["token"]))
+            return cls(str(data["host"]), int(data["port"]), str(data["token"]), str(data.get("http", "")))
         except FileNotFoundError as exc:
             raise ChatEndpointError(f"{path} does not exist: start `shoal agent ... --chat 127.0.0.1:0` "
                                     "on this PC first") from exc

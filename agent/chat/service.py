@@ -21,8 +21,9 @@ import secrets
 import ssl
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
@@ -37,6 +38,10 @@ from agent.head.targets import LocalTarget, Target
 from agent.node.config import AgentConfig
 from agent.node.server import StageServer
 from agent.runtime.pipeline import PipelineSession
+from agent.transport.tasks import OwnedTasks
+
+if TYPE_CHECKING:
+    from agent.chat.openai_http import OpenAIEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +68,8 @@ class ChatService:
         self._connecting = asyncio.Lock()
         self._listener: asyncio.Server | None = None
         self._endpoint: ChatEndpoint | None = None
-        self._answers: set[asyncio.Task[Any]] = set()
+        self._http: OpenAIEndpoint | None = None
+        self._answers = OwnedTasks()
         self.answered = 0
 
     async def start(self) -> tuple[str, int]:
@@ -76,6 +82,12 @@ class ChatService:
         self._listener = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE_BYTES + 1)
         bound = self._listener.sockets[0].getsockname()
         self._endpoint = ChatEndpoint.new(bound[0], bound[1])
+        if self.config.http is not None:
+            from agent.chat.openai_http import OpenAIEndpoint
+
+            self._http = OpenAIEndpoint(self, self.config.http)
+            http_host, http_port = await self._http.start()
+            self._endpoint = replace(self._endpoint, http=f"http://{http_host}:{http_port}/v1")
         self._endpoint.write(self.endpoint_file)
         self.server.status_sections["chat"] = self.status
         log.info("node=%s chats on %s:%d (endpoint file %s)", self.node, bound[0], bound[1], self.endpoint_file)
@@ -86,15 +98,19 @@ class ChatService:
         assert self.config.chat_file is not None
         return self.config.chat_file
 
+    @property
+    def token(self) -> str:
+        """The access token every request must carry (from the endpoint file)."""
+        assert self._endpoint is not None, "start() first"
+        return self._endpoint.token
+
     async def stop(self) -> None:
         """Stop listening, end the answers in progress (their sessions are freed) and leave the ring."""
         if self._listener is not None:
             self._listener.close()
-        for task in list(self._answers):
-            task.cancel()
-        for task in list(self._answers):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._http is not None:
+            await self._http.stop()
+        await self._answers.cancel_all()
         if self._endpoint is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.endpoint_file.unlink()
@@ -105,16 +121,14 @@ class ChatService:
         """The chat part of the agent's status: where it listens, answers given and running, its own steps."""
         assert self._endpoint is not None
         client = self._client
-        return {"endpoint": f"{self._endpoint.host}:{self._endpoint.port}", "answered": self.answered,
+        return {"endpoint": f"{self._endpoint.host}:{self._endpoint.port}", "http": self._endpoint.http,
+                "answered": self.answered,
                 "running": self.server.table.local, "local_steps": client.local_steps if client else 0,
                 "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0}
 
     # -- one client connection -----------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._answers.add(task)
-            task.add_done_callback(self._answers.discard)
+        self._answers.adopt()
         try:
             request = await self._read_request(reader)
             events = self.answer(request)

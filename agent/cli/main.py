@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
     p.add_argument("--chat", default=None, metavar="HOST:PORT",
                    help="head the chats of this PC: serve them on this loopback address (e.g. 127.0.0.1:0)")
+    p.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="with --chat: also an OpenAI-style API (/v1/chat/completions) on this loopback address")
     p.add_argument("--chat-file", type=Path, default=None,
                    help="where the chat address and access token are written (default: <data dir>/chat.json)")
     p.add_argument("--ring-first", default=None, metavar="HOST:PORT",

@@ -52,6 +52,8 @@ class AgentConfig:
     chat: tuple[str, int] | None = None
     """Loopback address of this agent's chat endpoint (``agent.chat``): the agent is then the head of the
     conversations asked of it there. None: no chats."""
+    http: tuple[str, int] | None = None
+    """Loopback address of an OpenAI-style HTTP API for the same chats (``agent.chat.openai_http``)."""
     chat_file: Path | None = None
     """Where the chat endpoint's address and access token are written for local clients."""
     ring_first: tuple[str, int] | None = None
@@ -77,6 +79,11 @@ class AgentConfig:
             if self.stages[0] != 0 and self.ring_first is None:
                 raise ConfigError("an agent that does not serve stage 0 needs ring_first (stage 0's address) "
                                   "to head chats")
+        if self.http is not None:
+            if self.chat is None:
+                raise ConfigError("http needs chat: its requests carry the chat endpoint's token")
+            if self.http[0] not in LOOPBACK:
+                raise ConfigError(f"the HTTP API is for clients on this PC: listen on loopback, not {self.http[0]}")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
 
@@ -89,7 +96,7 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any],
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
-    chat, chat_file, ring_first, ring_last (``HOST:PORT``), drafter.
+    chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter.
     """
     values: dict[str, Any] = {}
     if path is not None:
@@ -118,7 +125,7 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any],
     values["stages"] = tuple(stages) if isinstance(stages, (list, tuple)) else (int(stages),)
     values["export_dir"] = Path(values["export_dir"])
     values["identity_dir"] = Path(values["identity_dir"])
-    for key in ("listen", "next", "chat", "ring_first", "ring_last"):
+    for key in ("listen", "next", "chat", "http", "ring_first", "ring_last"):
         if isinstance(values.get(key), str):
             values[key] = parse_address(values[key]) if values[key] else None
     if values.get("chat_file") is not None:

@@ -29,6 +29,7 @@ from agent.runtime.readout import read_out
 from agent.runtime.stage import CompiledStage, wire_numpy_dtype
 from agent.transport.connection import FrameConnection, expect
 from agent.transport.sockets import tune_socket
+from agent.transport.tasks import OwnedTasks
 from agent.wire import Frame, FrameType, StepFlags
 from agent.wire.messages import ErrorReport, Hello, SessionOpen, parse
 from shards.errors import ShoalError
@@ -69,7 +70,7 @@ class StageServer:
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{node}")
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = OwnedTasks()
         self._started = clock()
         self.address: tuple[str, int] = config.listen
         """Where this agent listens (the bound port once started)."""
@@ -113,25 +114,15 @@ class StageServer:
             await connection.close(goodbye=True)
         if self.successor is not None:
             await self.successor.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.cancel_all()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     # -- connections ---------------------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._tasks.adopt()
         peer = writer.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         sock = writer.get_extra_info("socket")

@@ -1,1 +1,2 @@
-"""Ring connections: mutual-TLS contexts (``tls``) and socket liveness tuning (``sockets``)."""
+"""Ring connections: mutual-TLS contexts (``tls``), socket liveness tuning (``sockets``), and the
+tasks a server owns (``tasks``)."""

@@ -1,4 +1,5 @@
-"""The agent of the PC where the user chats heads the conversation (issue 3, ``agent.chat``).
+"""The agent of the PC where the user chats heads the conversation (issue 3, ``agent.chat``), over its
+JSON-lines chat endpoint and its OpenAI-style HTTP API.
 
 A chat agent serves stage 0 of the fp32 3-stage export beside ``ring3``'s own stage-0 agent: it
 computes stage 0 in-process and sends hidden states to ring3's stage 1, and ring3's last stage answers
@@ -11,6 +12,7 @@ leaves mid-answer frees the session on every stage.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -45,7 +47,8 @@ def chat_agent(ring3: list[AgentProcess], exported: Callable[..., Path], fleet: 
     agent = start_agent(exported(3, "fp32"), 0, fleet.identity("chat-node"), cache_dir,
                         next_address=ring3[1].address,
                         extra=["--precision", "f32", "--max-sessions", str(CHAT_SESSIONS), "--chat", "127.0.0.1:0",
-                               "--chat-file", str(endpoint_file), "--ring-last", f"{last[0]}:{last[1]}"])
+                               "--chat-file", str(endpoint_file), "--ring-last", f"{last[0]}:{last[1]}",
+                               "--http", "127.0.0.1:0"])
     yield agent, ChatEndpoint.load(endpoint_file)
     agent.stop()
     assert not endpoint_file.exists(), "a stopped agent leaves no endpoint file behind"
@@ -231,3 +234,49 @@ def test_chat_on_an_unreachable_ring_fails_with_a_clear_error(
         assert status(agent.address, fleet.identity("observer"))["local_chats"] == 0  # its place is free again
     finally:
         agent.stop()
+
+
+def test_openai_style_api_answers_as_the_pipeline(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
+    exported: Callable[..., Path],
+) -> None:
+    """``/v1/chat/completions`` whole and streamed (server-sent events), ``/v1/models``, and its refusals."""
+    import httpx
+
+    _, endpoint = chat_agent
+    assert endpoint.http.startswith("http://127.0.0.1:")
+    tokenizer = ChatTokenizer(exported(3, "fp32") / "tokenizer")
+    auth = {"Authorization": f"Bearer {endpoint.token}"}
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": MAX_TOKENS}
+    with httpx.Client(base_url=endpoint.http, headers=auth, timeout=120) as client:
+        models = client.get("/models").json()
+        assert [m["id"] for m in models["data"]] == ["smollm2"]
+        whole = client.post("/chat/completions", json=body)
+        assert whole.status_code == 200, whole.text
+        choice = whole.json()["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": tokenizer.decode(reference(PROMPTS[0]))}
+        assert choice["finish_reason"] == "stop" and whole.json()["usage"]["completion_tokens"] == len(
+            reference(PROMPTS[0]))
+        deltas, finishes = [], []
+        with client.stream("POST", "/chat/completions", json=body | {"stream": True, "max_tokens": 6}) as response:
+            assert response.headers["content-type"] == "text/event-stream"
+            lines = [line for line in response.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        for line in lines[:-1]:
+            chunk = json.loads(line.removeprefix("data: "))
+            deltas.append(chunk["choices"][0]["delta"].get("content", ""))
+            finishes.append(chunk["choices"][0]["finish_reason"])
+        assert "".join(deltas) == tokenizer.decode(reference(PROMPTS[0])[:6])
+        assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+        refused = [
+            httpx.post(f"{endpoint.http}/chat/completions", json=body,
+                       headers={"Authorization": "Bearer x"}).status_code,
+            client.post("/chat/completions", content=b"nonsense").status_code,
+            client.post("/chat/completions", json=body | {"messages": []}).status_code,
+            client.post("/chat/completions", json=body | {"messages": [{"role": "user", "content": "w " * 5000}]}
+                        ).status_code,
+            client.get("/v2/elsewhere").status_code,
+        ]
+        assert refused == [401, 400, 400, 400, 404]
+        assert client.post("/chat/completions", json=body).json()["choices"][0]["message"]["content"] == (
+            tokenizer.decode(reference(PROMPTS[0])))  # still serving after the refusals

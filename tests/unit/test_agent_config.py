@@ -34,6 +34,8 @@ def test_file_then_flags(tmp_path: Path) -> None:
     ({"chat": "127.0.0.1:0"}, "chat_file is needed"),
     ({"chat": "127.0.0.1:0", "chat_file": "c.json", "stages": [1]}, "needs ring_first"),
     ({"drafter": "oracle"}, "drafter must be one of"),
+    ({"http": "127.0.0.1:8080"}, "http needs chat"),
+    ({"http": "10.0.0.1:8080", "chat": "127.0.0.1:0", "chat_file": "c.json"}, "HTTP API is for clients on this PC"),
 ])
 def test_bad_settings_are_refused(overrides: dict[str, object], message: str) -> None:
     values: dict[str, object] = {"export_dir": "e", "stages": [0], "identity_dir": "i"} | overrides
