@@ -131,13 +131,20 @@ def _endpoint_file(agent: AgentProcess) -> Path:
 def test_concurrent_chats_match_alone_and_the_extra_one_is_busy(
     chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
 ) -> None:
-    """Two chats at once each give their lone answer; a third while both run gets "fleet busy"."""
+    """Two chats at once each give their lone answer; a third while both run gets "fleet busy" (and over
+    the OpenAI-style API, status 429)."""
     _, endpoint = chat_agent
 
     async def together() -> tuple[list[list[ChatEvent]], list[ChatEvent]]:
         streams = [ask(endpoint, _request(endpoint, LONG_PROMPT, 64)), ask(endpoint, _request(endpoint, PROMPTS[2]))]
         firsts = [await anext(stream) for stream in streams]  # both hold their place on the agent now
         extra = await _events(endpoint, _request(endpoint, PROMPTS[1]))
+        import httpx
+
+        over_http = await asyncio.to_thread(
+            httpx.post, f"{endpoint.http}/chat/completions", headers={"Authorization": f"Bearer {endpoint.token}"},
+            json={"messages": [{"role": "user", "content": PROMPTS[1]}]}, timeout=60)
+        assert over_http.status_code == 429 and over_http.json()["error"]["code"] == "fleet_busy", over_http.text
 
         async def rest(stream):  # type: ignore[no-untyped-def]
             return [event async for event in stream]
