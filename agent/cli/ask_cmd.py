@@ -1,9 +1,10 @@
-"""``shoal ask``: one answer from this PC's agent, which heads the conversation (``agent.chat``)."""
+"""``shoal ask``: answers from this PC's agent, which heads the conversation (``agent.chat``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -19,15 +20,55 @@ class ChatAnswerError(ShoalError):
 
 
 def run_ask(args: argparse.Namespace, data_dir: Path) -> int:
+    """One answer to PROMPT, or, without one, a conversation: each line of stdin is the user's next turn,
+    sent with every earlier turn and answer (the agent keeps nothing between requests)."""
     endpoint = ChatEndpoint.load(args.chat_file or data_dir / "chat.json")
-    messages = ((("system", args.system),) if args.system else ()) + (("user", args.prompt),)
+    history: tuple[tuple[str, str], ...] = (("system", args.system),) if args.system else ()
+    if args.prompt is not None:
+        _turn(endpoint, args, (*history, ("user", args.prompt)), sys.stdout)
+        return 0
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        if not line.strip():
+            continue
+        asked = (*history, ("user", line.rstrip("\n")))
+        answer = io.StringIO()
+        try:
+            _turn(endpoint, args, asked, _Tee(sys.stdout, answer))
+        except ChatAnswerError as exc:  # this turn is lost, the conversation goes on without it
+            print(f"shoal: error: {exc}", file=sys.stderr)
+            continue
+        history = (*asked, ("assistant", answer.getvalue().rstrip("\n")))
+
+
+def _turn(endpoint: ChatEndpoint, args: argparse.Namespace, messages: tuple[tuple[str, str], ...],
+          out: TextIO) -> None:
     request = ChatRequest(token=endpoint.token, messages=messages, max_tokens=args.max_tokens,
                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    done = asyncio.run(stream_chat(endpoint, request))
-    stats = done.stats
+    stats = asyncio.run(stream_chat(endpoint, request, out)).stats
     print(f"[{stats['tokens']} tokens in {stats['seconds']:.2f} s, {stats['steps']} steps, "
           f"{stats['accepted']} of {stats['drafted']} drafted tokens accepted]", file=sys.stderr)
-    return 0
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the terminal and keeps a copy (the answer goes into the conversation's history)."""
+
+    def __init__(self, *outs: TextIO) -> None:
+        self._outs = outs
+
+    def write(self, text: str) -> int:
+        for out in self._outs:
+            out.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for out in self._outs:
+            out.flush()
 
 
 async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO = sys.stdout) -> ChatEvent:

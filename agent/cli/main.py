@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", choices=DRAFTERS, default=None,
                    help="the drafter of this agent's chats (default ngram)")
 
-    p = sub.add_parser("ask", help="ask this PC's agent (started with --chat) for one answer, streamed")
-    p.add_argument("prompt")
+    p = sub.add_parser("ask", help="ask this PC's agent (started with --chat) for an answer, streamed")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the question; without it, a conversation: one turn per line of stdin")
     p.add_argument("--chat-file", type=Path, default=None,
                    help="the agent's chat endpoint file (default: <data dir>/chat.json)")
     p.add_argument("--system", default=None, help="a system message before the prompt")

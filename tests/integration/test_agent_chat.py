@@ -55,18 +55,20 @@ def chat_agent(ring3: list[AgentProcess], exported: Callable[..., Path], fleet: 
 
 
 @pytest.fixture(scope="module")
-def reference(exported: Callable[..., Path], cache_dir: Path) -> Callable[[str], list[int]]:
-    """Greedy answer of the in-process fp32 pipeline, ending at a stop token or after MAX_TOKENS."""
+def reference(exported: Callable[..., Path], cache_dir: Path) -> Callable[..., list[int]]:
+    """Greedy answer of the in-process fp32 pipeline, ending at a stop token or after MAX_TOKENS, to a
+    prompt or to a conversation of (role, content) turns."""
     folder = exported(3, "fp32")
     tokenizer = ChatTokenizer(folder / "tokenizer")
     pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
-    answers: dict[str, list[int]] = {}
+    answers: dict[object, list[int]] = {}
 
-    def answer(prompt: str) -> list[int]:
+    def answer(prompt: str | tuple[tuple[str, str], ...]) -> list[int]:
+        turns = (("user", prompt),) if isinstance(prompt, str) else prompt
         if prompt not in answers:
             async def run() -> list[int]:
                 target = LocalTarget(pipeline.new_session(), SamplingParams())
-                ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+                ids = tokenizer.encode_chat([{"role": role, "content": content} for role, content in turns])
                 try:
                     return [t async for t in decode(target, ids, max_tokens=MAX_TOKENS, stop_ids=tokenizer.stop_ids,
                                                     params=SamplingParams(), context_tokens=2048)]
@@ -287,3 +289,21 @@ def test_openai_style_api_answers_as_the_pipeline(
         assert refused == [401, 400, 400, 400, 404]
         assert client.post("/chat/completions", json=body).json()["choices"][0]["message"]["content"] == (
             tokenizer.decode(reference(PROMPTS[0])))  # still serving after the refusals
+
+
+def test_ask_holds_a_conversation_over_stdin(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[..., list[int]],
+    exported: Callable[..., Path], cache_dir: Path,
+) -> None:
+    """``shoal ask`` without a prompt: each stdin line is a turn, sent with the turns and answers before it."""
+    agent, _ = chat_agent
+    tokenizer = ChatTokenizer(exported(3, "fp32") / "tokenizer")
+    first = tokenizer.decode(reference(PROMPTS[0]))
+    second = tokenizer.decode(reference((("user", PROMPTS[0]), ("assistant", first), ("user", "And of Italy?"))))
+    done = subprocess.run([sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "ask",
+                           "--max-tokens", str(MAX_TOKENS), "--chat-file", str(_endpoint_file(agent))],
+                          input=f"{PROMPTS[0]}\n\nAnd of Italy?\n", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{first}\n{second}\n"
+    assert second != tokenizer.decode(reference("And of Italy?")), "the second turn must depend on the first"
+    assert done.stderr.count(" tokens in ") == 2
