@@ -124,12 +124,10 @@ class OpenAIEndpoint:
         if data.get("n", 1) != 1:
             raise HTTPError("bad_request", "only n = 1 is supported")
         max_tokens = data.get("max_completion_tokens", data.get("max_tokens", 256))
-        line = {"v": 1, "token": self.service.token, "messages": data.get("messages"), "max_tokens": max_tokens}
-        for name in ("temperature", "top_p", "seed"):
-            if data.get(name) is not None:
-                line[name] = data[name]
+        fields = {"token": self.service.token, "messages": data.get("messages"), "max_tokens": max_tokens}
+        fields.update({name: data[name] for name in ("temperature", "top_p", "seed") if data.get(name) is not None})
         try:
-            return ChatRequest.from_line(json.dumps(line).encode()), stream
+            return ChatRequest.from_mapping(fields), stream
         except ChatProtocolError as exc:
             raise HTTPError("bad_request", str(exc)) from exc
 

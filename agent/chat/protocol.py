@@ -60,7 +60,11 @@ class ChatRequest:
     @classmethod
     def from_line(cls, line: bytes) -> ChatRequest:
         """Parse and check one request line (raises :class:`ChatProtocolError`)."""
-        data = _object(line)
+        return cls.from_mapping(_object(line))
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any]) -> ChatRequest:
+        """Check the fields of a request already parsed (its version, if any, checked by the caller)."""
         unknown = set(data) - {"v", "token", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed"}
         if unknown:
             raise ChatProtocolError(f"unknown request fields {sorted(unknown)}")

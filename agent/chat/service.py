@@ -131,13 +131,10 @@ class ChatService:
         self._answers.adopt()
         try:
             request = await self._read_request(reader)
-            events = self.answer(request)
-            try:
+            async with contextlib.aclosing(self.answer(request)) as events:
                 async for event in events:
                     writer.write(event.to_line())
                     await writer.drain()  # a client that left ends the answer here
-            finally:
-                await events.aclose()
         except ChatProtocolError as exc:
             log.warning("node=%s chat request refused: %s", self.node, exc)
             with contextlib.suppress(ConnectionError):
@@ -191,9 +188,7 @@ class ChatService:
         try:
             try:
                 target, turn = await self._target(request)
-            except FleetBusyError:
-                raise
-            except RingError as exc:
+            except RingError as exc:  # joining the ring failed (a busy stage answers only the first step)
                 raise PeerUnavailableError(str(exc)) from exc
             drafter = self.drafters.new(params)
             stream = TextStream(tokenizer)

@@ -50,9 +50,15 @@ def _turn(endpoint: ChatEndpoint, args: argparse.Namespace, messages: tuple[tupl
           out: TextIO) -> None:
     request = ChatRequest(token=endpoint.token, messages=messages, max_tokens=args.max_tokens,
                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    stats = asyncio.run(stream_chat(endpoint, request, out)).stats
-    print(f"[{stats['tokens']} tokens in {stats['seconds']:.2f} s, {stats['steps']} steps, "
-          f"{stats['accepted']} of {stats['drafted']} drafted tokens accepted]", file=sys.stderr)
+    print(f"[{answer_summary(asyncio.run(stream_chat(endpoint, request, out)))}]", file=sys.stderr)
+
+
+def answer_summary(done: ChatEvent) -> str:
+    """What an answer's ``done`` event says, in one line."""
+    stats = done.stats
+    rate = stats["tokens"] / max(stats["seconds"], 1e-9)
+    return (f"{stats['tokens']} tokens in {stats['seconds']:.2f} s, {rate:.1f} tok/s, {stats['steps']} steps, "
+            f"{stats['accepted']} of {stats['drafted']} drafted tokens accepted")
 
 
 class _Tee(io.TextIOBase):

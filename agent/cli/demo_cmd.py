@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
-from agent.cli.ask_cmd import stream_chat
+from agent.cli.ask_cmd import answer_summary, stream_chat
 from agent.fleet import FleetPaths, init_fleet, issue_node
 from agent.node.launcher import launch_ring
 
@@ -46,11 +46,7 @@ def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         print(f"asking the agent of stage 0 (chat endpoint {endpoint.host}:{endpoint.port}) ...", file=sys.stderr)
         request = ChatRequest(token=endpoint.token, messages=(("user", args.prompt),), max_tokens=args.max_tokens)
         done = asyncio.run(stream_chat(endpoint, request))
-        stats = done.stats
-        print(f"[{stats['tokens']} tokens in {stats['seconds']:.2f} s, "
-              f"{stats['tokens'] / max(stats['seconds'], 1e-9):.1f} tok/s, {stats['steps']} steps through "
-              f"{len(agents)} agents; {stats['accepted']} of {stats['drafted']} n-gram drafts accepted]",
-              file=sys.stderr)
+        print(f"[{answer_summary(done)} (n-gram drafts), through {len(agents)} agents]", file=sys.stderr)
         asyncio.run(_show_status([a.address for a in agents], head))
     finally:
         for agent in agents:

@@ -71,9 +71,7 @@ class AgentConfig:
         if self.wire_dtype not in WIRE_DTYPES:
             raise ConfigError(f"wire_dtype must be one of {WIRE_DTYPES}")
         if self.chat is not None:
-            if self.chat[0] not in LOOPBACK:
-                raise ConfigError(f"the chat endpoint is for clients on this PC: listen on loopback "
-                                  f"(127.0.0.1), not {self.chat[0]}")
+            _require_loopback("the chat endpoint", self.chat)
             if self.chat_file is None:
                 raise ConfigError("chat_file is needed with chat")
             if self.stages[0] != 0 and self.ring_first is None:
@@ -82,10 +80,14 @@ class AgentConfig:
         if self.http is not None:
             if self.chat is None:
                 raise ConfigError("http needs chat: its requests carry the chat endpoint's token")
-            if self.http[0] not in LOOPBACK:
-                raise ConfigError(f"the HTTP API is for clients on this PC: listen on loopback, not {self.http[0]}")
+            _require_loopback("the HTTP API", self.http)
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
+
+
+def _require_loopback(what: str, address: tuple[str, int]) -> None:
+    if address[0] not in LOOPBACK:
+        raise ConfigError(f"{what} is for clients on this PC: listen on loopback (127.0.0.1), not {address[0]}")
 
 
 def load_agent_config(path: Path | None, overrides: dict[str, Any],
