@@ -145,7 +145,7 @@ class OpenAIEndpoint:
                     "id": completion_id, "object": "chat.completion", "created": created, "model": model,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
                                  "finish_reason": _finish(tokens, chat)}],
-                    "usage": {"completion_tokens": tokens}})
+                    "usage": _usage(event.stats)})
 
     async def _stream(self, connection: h11.Connection, writer: asyncio.StreamWriter, events: AsyncIterator[ChatEvent],
                       chat: ChatRequest, completion_id: str, created: int, model: str) -> None:
@@ -224,3 +224,10 @@ async def _send(writer: asyncio.StreamWriter, data: bytes | None) -> None:
     if data:
         writer.write(data)
         await writer.drain()
+
+
+def _usage(stats: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's usage block; ``cached_tokens``: prompt tokens a kept session already held (``agent.chat.kept``)."""
+    prompt, completion = int(stats["prompt_tokens"]), int(stats["tokens"])
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": int(stats["cached_tokens"])}}

@@ -10,6 +10,11 @@ over its own connection to it. An agent holding every stage answers without a ri
 A chat takes one of the agent's ``max_sessions`` places for as long as it runs (its KV state lives on
 this agent's stages): when all are taken the user gets "fleet busy", and nobody else is affected.
 A client that disconnects cancels its answer, and every stage frees the session.
+
+An answer that ends normally leaves its session on the stages for a while (``agent.chat.kept``): the
+conversation's next turn, which repeats everything before its new message, then computes only that
+message. A kept session keeps its place, and gives it up at once when another chat or a ring session
+needs one here, or when a stage of the ring turns the next chat away as busy.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.chat.endpoint import ChatEndpoint
+from agent.chat.kept import KeptConversation, KeptConversations
 from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
 from agent.errors import FleetBusyError, PeerUnavailableError, RingError
 from agent.head.adaptive_k import AdaptiveK
@@ -33,6 +39,7 @@ from agent.head.chat import ChatTokenizer, PromptTooLongError, TextStream
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import DrafterFactory
 from agent.head.generate import check_prompt
+from agent.head.resumable import ResumableTarget
 from agent.head.ring_client import RingClient
 from agent.head.targets import LocalTarget, Target
 from agent.node.config import AgentConfig
@@ -71,6 +78,8 @@ class ChatService:
         self._http: OpenAIEndpoint | None = None
         self._answers = OwnedTasks()
         self.answered = 0
+        self.kept = KeptConversations(self.node, config.chat_keep, config.chat_keep_max)
+        server.table.reclaim = lambda: self.kept.evict_oldest() is not None
 
     async def start(self) -> tuple[str, int]:
         """Listen on the configured loopback address and write the endpoint file; returns the address."""
@@ -111,6 +120,7 @@ class ChatService:
         if self._http is not None:
             await self._http.stop()
         await self._answers.cancel_all()
+        await self.kept.close_all()
         if self._endpoint is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.endpoint_file.unlink()
@@ -123,8 +133,9 @@ class ChatService:
         client = self._client
         return {"endpoint": f"{self._endpoint.host}:{self._endpoint.port}", "http": self._endpoint.http,
                 "answered": self.answered,
-                "running": self.server.table.local, "local_steps": client.local_steps if client else 0,
-                "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0}
+                "running": self.server.table.local - len(self.kept), "local_steps": client.local_steps if client else 0,
+                "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0,
+                "kept": len(self.kept), "resumed": self.kept.resumed, "reused_tokens": self.kept.reused_tokens}
 
     # -- one client connection -----------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -178,27 +189,22 @@ class ChatService:
         except PromptTooLongError as exc:
             yield ChatEvent.error("prompt_too_long", str(exc))
             return
-        if not self.server.table.reserve():
+        conversation = self.kept.take(prompt_ids, params)
+        if conversation is None and not self.server.table.reserve():
             yield ChatEvent.error("fleet_busy", f"fleet busy: {self.node} already holds {self.server.table.capacity} "
                                   "sessions; try again later")
             return
-        target: Target | None = None
         stats = DecodeStats()
         started = time.perf_counter()
+        finished = False
         try:
-            try:
-                target, turn = await self._target(request)
-            except RingError as exc:  # joining the ring failed (a busy stage answers only the first step)
-                raise PeerUnavailableError(str(exc)) from exc
-            drafter = self.drafters.new(params)
-            stream = TextStream(tokenizer)
+            if conversation is None:
+                conversation = await self._open(request)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
-            tokens = decode(target, prompt_ids, max_tokens=request.max_tokens, stop_ids=tokenizer.stop_ids,
-                            params=params, context_tokens=manifest.context_tokens, drafter=drafter,
-                            k_policy=AdaptiveK(), executor=self.server.executor, stats=stats, turn=turn)
-            async with contextlib.aclosing(tokens):  # a client that leaves ends the loop now, not at collection
-                async for token in tokens:
-                    yield ChatEvent("token", id=token, text=stream.push(token))
+            async with contextlib.aclosing(self._tokens(conversation, prompt_ids, request, stats)) as tokens:
+                async for event in tokens:
+                    yield event
+            finished = True
         except FleetBusyError as exc:
             yield ChatEvent.error("fleet_busy", str(exc))
             return
@@ -211,25 +217,69 @@ class ChatService:
             yield ChatEvent.error("failed", str(exc))
             return
         finally:
-            if target is not None:
-                with contextlib.suppress(RingError):
-                    await target.close()
-            self.server.table.release()
+            # An answer that ended normally leaves a session worth keeping; any other may hold half a step.
+            if conversation is None or not (finished and self.kept.keep(conversation)):
+                if conversation is not None:
+                    with contextlib.suppress(RingError):
+                        await conversation.target.close()
+                self.server.table.release()
         seconds = time.perf_counter() - started
         self.answered += 1
-        log.info("node=%s chat answered: %d tokens in %.2f s, %d steps", self.node, stats.tokens, seconds,
-                 stats.steps + 1)
+        cached = conversation.target.reused if conversation is not None else 0
+        log.info("node=%s chat answered: %d tokens in %.2f s, %d steps, %d prompt tokens reused", self.node,
+                 stats.tokens, seconds, stats.steps + 1, cached)
         yield ChatEvent("done", stats={"tokens": stats.tokens, "seconds": round(seconds, 4),
                                        "steps": stats.steps + 1, "drafted": stats.drafted,
-                                       "accepted": stats.accepted, "median_k": stats.median_k})
+                                       "accepted": stats.accepted, "median_k": stats.median_k,
+                                       "prompt_tokens": len(prompt_ids), "cached_tokens": cached})
 
-    async def _target(self, request: ChatRequest) -> tuple[Target, Any]:
-        """The model for one chat, and the turn its local work takes on this agent's core."""
+    async def _tokens(self, conversation: KeptConversation, prompt_ids: list[int], request: ChatRequest,
+                      stats: DecodeStats) -> AsyncIterator[ChatEvent]:
+        """The token events of one answer. Where a stage is full before the first token (of sessions this
+        head keeps among others), the oldest kept session gives its place up and the answer starts again."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None
+        retried = False
+        while True:
+            stream = TextStream(tokenizer)
+            tokens = decode(conversation.target, prompt_ids, max_tokens=request.max_tokens,
+                            stop_ids=tokenizer.stop_ids, params=request.sampling,
+                            context_tokens=self.server.manifest.context_tokens,
+                            drafter=self.drafters.new(request.sampling), k_policy=AdaptiveK(),
+                            executor=self.server.executor, stats=stats, turn=conversation.turn)
+            produced = False
+            try:
+                async with contextlib.aclosing(tokens):  # a client that leaves ends the loop now
+                    async for token in tokens:
+                        produced = True
+                        yield ChatEvent("token", id=token, text=stream.push(token))
+                return
+            except FleetBusyError:
+                if produced or retried or not len(self.kept):
+                    raise
+            retried = True
+            freed = self.kept.evict_oldest()
+            await conversation.target.close()
+            if freed is not None:
+                await freed  # its goodbye reaches every stage before the new session's first step
+            fresh = await self._open(request)
+            conversation.target, conversation.turn = fresh.target, fresh.turn
+
+    async def _open(self, request: ChatRequest) -> KeptConversation:
+        """A fresh session for one chat (its place on this agent is already held), with the turn its local
+        work takes on this agent's core."""
+        params = request.sampling
         if self._holds_all:
             session = PipelineSession([stage.new_session() for stage in self.server.stages])
-            return LocalTarget(session, request.sampling, self.server.executor), None
-        client = await self._ring()
-        return await client.open_session(request.sampling, RING_TIMEOUT), client.turn
+            target: Target = LocalTarget(session, params, self.server.executor)
+            turn = None
+        else:
+            try:
+                client = await self._ring()
+                target, turn = await client.open_session(params, RING_TIMEOUT), client.turn
+            except RingError as exc:  # joining the ring failed (a busy stage answers only the first step)
+                raise PeerUnavailableError(str(exc)) from exc
+        return KeptConversation(ResumableTarget(target, params), turn, self.server.table.release)
 
     async def _ring(self) -> RingClient:
         """This agent's connections to the rest of the ring, made at the first chat (bring-up order is free)."""

@@ -43,6 +43,8 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "ring_first": args.ring_first,
         "ring_last": args.ring_last,
         "drafter": args.drafter,
+        "chat_keep": args.chat_keep,
+        "chat_keep_max": args.chat_keep_max,
     }
     # the identity (and the chat endpoint file) under the data dir unless a flag or the file names one
     config = load_agent_config(args.config, overrides, {"identity_dir": lambda: identity_dir(None, data_dir),

@@ -57,8 +57,11 @@ def answer_summary(done: ChatEvent) -> str:
     """What an answer's ``done`` event says, in one line."""
     stats = done.stats
     rate = stats["tokens"] / max(stats["seconds"], 1e-9)
-    return (f"{stats['tokens']} tokens in {stats['seconds']:.2f} s, {rate:.1f} tok/s, {stats['steps']} steps, "
+    line = (f"{stats['tokens']} tokens in {stats['seconds']:.2f} s, {rate:.1f} tok/s, {stats['steps']} steps, "
             f"{stats['accepted']} of {stats['drafted']} drafted tokens accepted")
+    if stats.get("cached_tokens"):
+        line += f", {stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens kept from the last turn"
+    return line
 
 
 class _Tee(io.TextIOBase):

@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="for chats: the last stage's address (default: --next)")
     p.add_argument("--drafter", choices=DRAFTERS, default=None,
                    help="the drafter of this agent's chats (default ngram)")
+    p.add_argument("--chat-keep", type=float, default=None, metavar="SECONDS",
+                   help="keep a finished chat's session this long, so that the conversation's next turn computes "
+                        "only its new message (default 120; 0: every turn starts afresh)")
+    p.add_argument("--chat-keep-max", type=int, default=None, metavar="N",
+                   help="chat sessions kept at once; each holds a place on every stage (default 1)")
 
     p = sub.add_parser("ask", help="ask this PC's agent (started with --chat) for an answer, streamed")
     p.add_argument("prompt", nargs="?", default=None,

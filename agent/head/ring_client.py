@@ -260,6 +260,9 @@ class RingSession:
     def answers_elsewhere(self) -> bool:
         return True  # at least the last stage is an agent: the head waits for the ring
 
+    def usable(self) -> bool:
+        return not self._closed and self._failure is None and self.client.failure is None
+
     async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
         """Send one step now; the returned future holds its readout. Steps may be submitted before earlier
         ones are answered (pipelined speculation): the stages run a session's steps in order."""

@@ -46,6 +46,10 @@ class Target(Protocol):
         is free while it waits for an answer: time in which the loop may draft ahead."""
         ...
 
+    def usable(self) -> bool:
+        """Whether the session can take more steps (not closed, its ring not lost)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -77,6 +81,9 @@ class LocalTarget:
 
     def answers_elsewhere(self) -> bool:
         return False  # every stage runs on this head's executor: drafting ahead would queue behind them
+
+    def usable(self) -> bool:
+        return True
 
     async def close(self) -> None:
         async with self._order:  # after the steps still in flight

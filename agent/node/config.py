@@ -62,6 +62,11 @@ class AgentConfig:
     """For chats: the last stage's address (default: ``next``, right for a ring of two agents)."""
     drafter: str = "ngram"
     """The drafter of this agent's chats (``agent.head.drafting.make_drafter``)."""
+    chat_keep: float = 120.0
+    """Seconds a finished chat's session stays on the stages for the conversation's next turn, which then
+    computes only its new message (``agent.chat.kept``); 0: every turn starts afresh."""
+    chat_keep_max: int = 1
+    """Chat sessions kept at once: each holds a place on every stage of the ring while it waits."""
 
     def __post_init__(self) -> None:
         if not self.stages or list(self.stages) != list(range(self.stages[0], self.stages[0] + len(self.stages))):
@@ -81,6 +86,8 @@ class AgentConfig:
             if self.chat is None:
                 raise ConfigError("http needs chat: its requests carry the chat endpoint's token")
             _require_loopback("the HTTP API", self.http)
+        if self.chat_keep < 0 or self.chat_keep_max < 0:
+            raise ConfigError("chat_keep and chat_keep_max must not be negative")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
 
@@ -98,7 +105,7 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any],
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
-    chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter.
+    chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max.
     """
     values: dict[str, Any] = {}
     if path is not None:

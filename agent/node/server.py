@@ -206,7 +206,7 @@ class StageServer:
             raise _SessionFailure("bad_request", str(exc)) from exc
         if self.table.get(frame.session) is not None:
             raise _SessionFailure("bad_request", f"session {frame.session:016x} is already open")
-        if self.table.full:
+        if not self.table.make_room():
             log.warning("node=%s session=%016x refused: all %d sessions in use", self.node, frame.session,
                         self.table.capacity)
             # refuse without touching the session of the same id downstream: it was never opened

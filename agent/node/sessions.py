@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,14 +35,21 @@ class SessionTable:
     sessions: dict[int, SessionState] = field(default_factory=dict)
     local: int = 0
     """KV states held outside the table: the chats this agent heads, on its own stages."""
+    reclaim: Callable[[], bool] | None = None
+    """Frees a place held by a session the agent keeps idle (a chat kept for its next turn); True if it did.
+    Asked before anyone is refused for want of room."""
 
     @property
     def full(self) -> bool:
         return len(self.sessions) + self.local >= self.capacity
 
+    def make_room(self) -> bool:
+        """Whether a session may be added: a place is free, or ``reclaim`` freed one."""
+        return not self.full or (self.reclaim is not None and self.reclaim() and not self.full)
+
     def reserve(self) -> bool:
         """Claim room for one of the agent's own chats; False when every place is taken."""
-        if self.full:
+        if not self.make_room():
             return False
         self.local += 1
         return True

@@ -6,7 +6,9 @@ computes stage 0 in-process and sends hidden states to ring3's stage 1, and ring
 it directly. Its answers must be exactly the in-process pipeline's greedy answers (with stop tokens, as
 a chat ends), alone and with other chats at once; a chat beyond its ``max_sessions`` is refused with
 "fleet busy"; bad requests and a wrong token are refused without disturbing anyone; a client that
-leaves mid-answer frees the session on every stage.
+leaves mid-answer frees the session on every stage. A finished answer's session is kept for
+``KEEP_SECONDS``: the conversation's next turn computes only its new message and still gives the
+pipeline's answer to the whole conversation, and a kept session gives its place up to a new chat.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ pytestmark = pytest.mark.ring
 MAX_TOKENS = 48
 CHAT_SESSIONS = 2
 LONG_PROMPT = "Write a very long story about a dragon who learns to code."
+KEEP_SECONDS = 8
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,8 @@ def chat_agent(ring3: list[AgentProcess], exported: Callable[..., Path], fleet: 
     last = ring3[2].address
     agent = start_agent(exported(3, "fp32"), 0, fleet.identity("chat-node"), cache_dir,
                         next_address=ring3[1].address,
-                        extra=["--precision", "f32", "--max-sessions", str(CHAT_SESSIONS), "--chat", "127.0.0.1:0",
+                        extra=["--precision", "f32", "--max-sessions", str(CHAT_SESSIONS),
+                               "--chat-keep", str(KEEP_SECONDS), "--chat", "127.0.0.1:0",
                                "--chat-file", str(endpoint_file), "--ring-last", f"{last[0]}:{last[1]}",
                                "--http", "127.0.0.1:0"])
     yield agent, ChatEndpoint.load(endpoint_file)
@@ -202,10 +206,14 @@ def test_client_leaving_mid_answer_frees_the_session_everywhere(
         await stream.aclose()  # the connection closes: the agent cancels the answer
         return int(held["local_chats"])  # type: ignore[arg-type]
 
-    assert asyncio.run(leave_early()) == 1
-    wait_for(lambda: status(agent.address, observer)["local_chats"] == 0, 20, "the chat agent to free its place")
+    def kept() -> int:
+        return int(status(agent.address, observer)["chat"]["kept"])  # type: ignore[index]
+
+    assert asyncio.run(leave_early()) == 1 + kept()  # its place, and that of a session kept from before
+    # A session kept from an earlier answer may remain (or expire meanwhile); the one left is freed.
+    wait_for(lambda: status(agent.address, observer)["local_chats"] == kept(), 20, "the chat agent to free its place")
     for stage in ring3[1:]:
-        wait_for(lambda stage=stage: status(stage.address, observer)["sessions"] == [], 20,
+        wait_for(lambda stage=stage: len(status(stage.address, observer)["sessions"]) == kept(), 20,
                  f"stage {stage.stage} to free the chat's session")
     assert "chat client left" in agent.log_text()
 
@@ -264,8 +272,12 @@ def test_openai_style_api_answers_as_the_pipeline(
         assert whole.status_code == 200, whole.text
         choice = whole.json()["choices"][0]
         assert choice["message"] == {"role": "assistant", "content": tokenizer.decode(reference(PROMPTS[0]))}
-        assert choice["finish_reason"] == "stop" and whole.json()["usage"]["completion_tokens"] == len(
-            reference(PROMPTS[0]))
+        usage = whole.json()["usage"]
+        assert choice["finish_reason"] == "stop" and usage["completion_tokens"] == len(reference(PROMPTS[0]))
+        prompt_ids = tokenizer.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+        assert usage["prompt_tokens"] == len(prompt_ids)
+        assert usage["total_tokens"] == len(prompt_ids) + len(reference(PROMPTS[0]))
+        assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] < len(prompt_ids)
         deltas, finishes = [], []
         with client.stream("POST", "/chat/completions", json=body | {"stream": True, "max_tokens": 6}) as response:
             assert response.headers["content-type"] == "text/event-stream"
@@ -307,3 +319,47 @@ def test_ask_holds_a_conversation_over_stdin(
     assert done.stdout == f"{first}\n{second}\n"
     assert second != tokenizer.decode(reference("And of Italy?")), "the second turn must depend on the first"
     assert done.stderr.count(" tokens in ") == 2
+
+
+def test_next_turn_continues_the_kept_session_and_it_expires(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[..., list[int]],
+    exported: Callable[..., Path], ring3: list[AgentProcess], fleet: Fleet,
+) -> None:
+    """A second turn resumes the first turn's session: only its new message is computed, and its answer is
+    the pipeline's to the whole conversation. Unused, the kept session is freed on every stage."""
+    agent, endpoint = chat_agent
+    observer = fleet.identity("observer")
+    tokenizer = ChatTokenizer(exported(3, "fp32") / "tokenizer")
+    opening = (("user", PROMPTS[3]),)
+    first_text = tokenizer.decode(reference(opening))
+    conversation = (*opening, ("assistant", first_text), ("user", "Say it again, in fewer words."))
+    expected = reference(conversation)  # computed before the turns: the kept session must not expire between them
+    before = status(agent.address, observer)["chat"]
+
+    first = asyncio.run(_events(endpoint, ChatRequest(token=endpoint.token, messages=opening, max_tokens=MAX_TOKENS)))
+    assert _tokens(first) == reference(opening)
+    second = asyncio.run(_events(endpoint, ChatRequest(token=endpoint.token, messages=conversation,
+                                                       max_tokens=MAX_TOKENS)))
+    assert _tokens(second) == expected
+    opening_ids = tokenizer.encode_chat([{"role": "user", "content": PROMPTS[3]}])
+    stats = second[-1].stats
+    assert stats["prompt_tokens"] == len(tokenizer.encode_chat(
+        [{"role": role, "content": content} for role, content in conversation]))
+    # everything up to the end of the first answer was already on the stages
+    assert stats["cached_tokens"] >= len(opening_ids) + len(reference(opening)) - 2, stats
+    report = status(agent.address, observer)["chat"]
+    assert report["resumed"] >= before["resumed"] + 1 and report["kept"] == 1  # type: ignore[index]
+    assert "chat resumes a kept session" in agent.log_text()
+
+    async def two_others() -> list[list[ChatEvent]]:  # as many chats as places: the kept one gives its place up
+        return list(await asyncio.gather(*(_events(endpoint, _request(endpoint, p)) for p in PROMPTS[:CHAT_SESSIONS])))
+
+    for prompt, events in zip(PROMPTS, asyncio.run(two_others()), strict=False):
+        assert _tokens(events) == reference(prompt)
+
+    wait_for(lambda: status(agent.address, observer)["chat"]["kept"] == 0, KEEP_SECONDS + 20,  # type: ignore[index]
+             "the kept session to expire")
+    assert status(agent.address, observer)["local_chats"] == 0
+    for stage in ring3[1:]:
+        wait_for(lambda stage=stage: status(stage.address, observer)["sessions"] == [], 20,
+                 f"stage {stage.stage} to free the kept session")

@@ -38,6 +38,9 @@ class ScriptedTarget:
         self.sampled = sampled
         self.elsewhere = elsewhere
         self.submitted = 0
+        self.computed = 0
+        """Positions fed, all told (what a stage would have computed)."""
+        self.closed = False
         self.max_in_flight = 0
         self._in_flight = 0
 
@@ -47,6 +50,7 @@ class ScriptedTarget:
         del self.held[len(self.held) - rewind :]
         start = len(self.held)
         self.held.extend(ids)
+        self.computed += len(ids)
         positions = range(start, len(self.held))
         if last_only:
             positions = positions[-1:]
@@ -78,8 +82,11 @@ class ScriptedTarget:
     def answers_elsewhere(self) -> bool:
         return self.elsewhere
 
+    def usable(self) -> bool:
+        return not self.closed
+
     async def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def plain_greedy(prompt: list[int], n: int) -> list[int]:

@@ -35,6 +35,7 @@ def test_file_then_flags(tmp_path: Path) -> None:
     ({"chat": "127.0.0.1:0", "chat_file": "c.json", "stages": [1]}, "needs ring_first"),
     ({"drafter": "oracle"}, "drafter must be one of"),
     ({"http": "127.0.0.1:8080"}, "http needs chat"),
+    ({"chat_keep": -1}, "must not be negative"),
     ({"http": "10.0.0.1:8080", "chat": "127.0.0.1:0", "chat_file": "c.json"}, "HTTP API is for clients on this PC"),
 ])
 def test_bad_settings_are_refused(overrides: dict[str, object], message: str) -> None:
@@ -46,11 +47,13 @@ def test_bad_settings_are_refused(overrides: dict[str, object], message: str) ->
 def test_chat_settings(tmp_path: Path) -> None:
     config = load_agent_config(None, {"export_dir": "e", "stages": [1], "identity_dir": "i", "chat": "127.0.0.1:0",
                                       "chat_file": str(tmp_path / "c.json"), "ring_first": "10.0.0.1:7000",
-                                      "ring_last": "10.0.0.3:7000", "drafter": "none"})
+                                      "ring_last": "10.0.0.3:7000", "drafter": "none", "chat_keep": 30.0,
+                                      "chat_keep_max": 2})
     assert config.chat == ("127.0.0.1", 0)
     assert config.chat_file == tmp_path / "c.json"
     assert (config.ring_first, config.ring_last) == (("10.0.0.1", 7000), ("10.0.0.3", 7000))
     assert config.drafter == "none"
+    assert (config.chat_keep, config.chat_keep_max) == (30.0, 2)
     assert load_agent_config(None, {"export_dir": "e", "stages": [0], "identity_dir": "i"}).chat is None
 
 

@@ -1,0 +1,84 @@
+"""A target session that a conversation's next turn continues instead of starting afresh.
+
+A chat's second turn sends the whole conversation again: the first turn's prompt, the answer, the new
+message. Its KV state for all but the new message is already on the stages, held by the session that
+answered the first turn. :class:`ResumableTarget` records which token ids its session's state holds
+(every position fed and not rewound, rejected drafts of the last step included: their state is the
+state of those tokens), and on :meth:`ResumableTarget.resume` turns the next prompt into a rewind to
+the common prefix plus the positions after it. The generation loop is unchanged: it sends its prompt
+as always, and only the new part is computed.
+
+The state of a position depends on the tokens up to it and nothing else, so the reused positions are
+those a fresh session would compute; where the stages rewind exactly (``RuntimeConfig.rewind``) the
+answer is the one a fresh session gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from agent.head.sampling import SamplingParams
+from agent.head.targets import Target
+from agent.runtime.readout import StepOutput
+
+
+class ResumableTarget:
+    """A :class:`~agent.head.targets.Target` that knows the token ids its state holds."""
+
+    def __init__(self, inner: Target, params: SamplingParams) -> None:
+        """``params``: the sampling the session was opened with (the stages sample with it)."""
+        self.inner = inner
+        self.params = params
+        self.held: list[int] = []
+        """Token ids the session's state holds, in order."""
+        self._resuming = False
+        self.reused = 0
+        """Positions the last resumed prompt did not have to compute."""
+
+    def common_prefix(self, ids: Sequence[int]) -> int:
+        """How many leading ``ids`` the state already holds (at most all but the last: the loop needs the
+        readout at the prompt's last position, so that one is always computed)."""
+        limit = min(len(self.held), len(ids) - 1)
+        for i in range(limit):
+            if self.held[i] != ids[i]:
+                return i
+        return max(limit, 0)
+
+    def resume(self) -> None:
+        """The next step is a new prompt: send only what the state does not hold yet."""
+        self._resuming = True
+
+    def usable(self) -> bool:
+        return self.inner.usable()
+
+    async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
+        return await (await self.submit(ids, rewind, last_only))
+
+    async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
+        if self._resuming:
+            self._resuming = False
+            if rewind:
+                raise ValueError("a resumed prompt is sent whole, with no rewind of its own")
+            common = self.common_prefix(ids)
+            self.reused = common
+            rewind, fed = len(self.held) - common, ids[common:]
+        else:
+            fed = ids
+        if rewind > len(self.held):
+            raise ValueError(f"cannot rewind {rewind} of {len(self.held)} positions")
+        answer = await self.inner.submit(fed, rewind, last_only)
+        # Recorded once submitted: a step the target refused holds nothing.
+        del self.held[len(self.held) - rewind :]
+        self.held.extend(fed)
+        return answer
+
+    def useful_depth(self) -> int:
+        return self.inner.useful_depth()
+
+    def answers_elsewhere(self) -> bool:
+        return self.inner.answers_elsewhere()
+
+    async def close(self) -> None:
+        self.held = []
+        await self.inner.close()

@@ -1,0 +1,75 @@
+"""A conversation's next turn on a kept session: only the new positions are computed, and the tokens are
+those of a fresh session (the scripted target answers from the tokens it holds, so a wrong rewind or a
+wrong suffix changes them)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.head.adaptive_k import AdaptiveK
+from agent.head.decode import decode
+from agent.head.drafters import NGramDrafter
+from agent.head.resumable import ResumableTarget
+from agent.head.sampling import SamplingParams
+from tests.unit.scripted_target import ScriptedTarget, plain_greedy
+
+GREEDY = SamplingParams()
+
+
+def _answer(target: ResumableTarget, prompt: list[int], n: int) -> list[int]:
+    async def go() -> list[int]:
+        return [t async for t in decode(target, prompt, max_tokens=n, stop_ids=frozenset(), params=GREEDY,
+                                        context_tokens=4096, drafter=NGramDrafter(),
+                                        k_policy=AdaptiveK(k_max=6, k_initial=3))]
+
+    return asyncio.run(go())
+
+
+def test_next_turn_computes_only_its_new_positions_and_answers_as_a_fresh_session() -> None:
+    inner = ScriptedTarget()
+    target = ResumableTarget(inner, GREEDY)
+    first_prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
+    first = _answer(target, first_prompt, 40)
+    assert first == plain_greedy(first_prompt, 40)
+    assert target.held == inner.held  # what it says the state holds is what the state holds
+    # The last step's rejected drafts are part of what is held: the next prompt shares less than all of it.
+    shared = first_prompt + first
+    assert target.held[: len(shared) - 1] == shared[:-1]
+
+    second_prompt = [*shared, 9, 9, 4]
+    before = inner.computed
+    target.resume()
+    assert _answer(target, second_prompt, 1) == plain_greedy(second_prompt, 1)  # the prompt's step alone
+    assert target.reused >= len(shared) - 1
+    assert inner.computed - before == len(second_prompt) - target.reused
+
+    target.resume()  # the same turn again, on the state the step above left
+    assert _answer(target, second_prompt, 30) == plain_greedy(second_prompt, 30)
+    assert target.reused == len(second_prompt) - 1
+    assert target.held == inner.held
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [
+    ([1, 2, 3, 4, 5, 6, 7, 8], 7),  # exactly what is held: the last position is computed again for its readout
+    ([1, 2, 3], 2),  # shorter than what is held
+    ([1, 2, 11, 11, 11, 11, 11, 11, 11, 11], 2),  # parts early
+    ([5, 5, 5], 0),  # shares nothing
+])
+def test_resumed_prompt_gives_the_tokens_of_a_fresh_session(prompt: list[int], expected: int) -> None:
+    inner = ScriptedTarget()
+    target = ResumableTarget(inner, GREEDY)
+    asyncio.run(target.step([1, 2, 3, 4, 5, 6, 7, 8], 0, last_only=True))
+    assert target.common_prefix(prompt) == expected
+    target.resume()
+    assert _answer(target, prompt, 25) == plain_greedy(prompt, 25)
+    assert target.reused == expected
+
+
+def test_a_resumed_prompt_is_sent_whole() -> None:
+    target = ResumableTarget(ScriptedTarget(), GREEDY)
+    asyncio.run(target.step([1, 2, 3], 0, last_only=True))
+    target.resume()
+    with pytest.raises(ValueError, match="no rewind"):
+        asyncio.run(target.step([1, 2], 1, last_only=True))
