@@ -258,6 +258,8 @@ class ChatService:
                 if produced or retried or not len(self.kept):
                     raise
             retried = True
+            log.info("node=%s a stage turned the chat away as busy: a kept session gives its place up and the "
+                     "chat starts again", self.node)
             freed = self.kept.evict_oldest()
             await conversation.target.close()
             if freed is not None:

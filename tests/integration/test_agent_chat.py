@@ -363,3 +363,42 @@ def test_next_turn_continues_the_kept_session_and_it_expires(
     for stage in ring3[1:]:
         wait_for(lambda stage=stage: status(stage.address, observer)["sessions"] == [], 20,
                  f"stage {stage.stage} to free the kept session")
+
+
+def test_a_stage_full_of_others_makes_a_kept_session_give_its_place_up(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[..., list[int]],
+    exported: Callable[..., Path], ring3: list[AgentProcess], fleet: Fleet,
+) -> None:
+    """Another head holds all but one place on ring3's stages, and this agent's kept session the last one:
+    a new chat is turned away by stage 1 as busy, the kept session gives its place up, and the chat is
+    answered after all."""
+    from agent.head.ring_client import RingClient
+    from agent.transport.tls import client_context
+    from tests.integration.conftest import RING_MAX_SESSIONS
+
+    agent, endpoint = chat_agent
+    observer = fleet.identity("observer")
+    folder = exported(3, "fp32")
+    tokenizer = ChatTokenizer(folder / "tokenizer")
+    expected = reference(PROMPTS[1])
+    identity = fleet.identity("other-head")
+
+    async def run() -> list[ChatEvent]:
+        # kept: a long answer, of which the next chat shares only the template's opening
+        assert len(_tokens(await _events(endpoint, _request(endpoint, LONG_PROMPT, 64)))) == 64
+        client = RingClient(Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity),
+                            identity.name)
+        await client.connect()
+        try:
+            ids = tokenizer.encode_chat([{"role": "user", "content": PROMPTS[2]}])
+            others = [client.session(SamplingParams()) for _ in range(RING_MAX_SESSIONS - 1)]
+            for session in others:
+                await session.step(ids, 0, last_only=True)  # the session is open on every stage now
+            held = await asyncio.to_thread(status, ring3[1].address, observer)
+            assert len(held["sessions"]) == RING_MAX_SESSIONS  # type: ignore[arg-type]  # the others and the kept one
+            return await _events(endpoint, _request(endpoint, PROMPTS[1]))
+        finally:
+            await client.close()
+
+    assert _tokens(asyncio.run(run())) == expected
+    assert "turned the chat away as busy" in agent.log_text()
