@@ -425,10 +425,11 @@ class AgentProcess:
     """One ``shoal agent`` serving one stage, pinned to a core with taskset, one inference thread."""
 
     def __init__(self, export: Path, stage: int, identity: Path, core: int, cache_dir: Path, log: Path,
-                 next_address: tuple[str, int] | None, rewind: str = "auto") -> None:
+                 next_address: tuple[str, int] | None, rewind: str = "auto", extra: Sequence[str] = ()) -> None:
+        """``extra``: further ``shoal agent`` flags (a chat endpoint, say)."""
         command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "agent", str(export),
                    "--stage", str(stage), "--identity", str(identity), "--listen", "127.0.0.1:0", "--threads", "1",
-                   "--device", "CPU", "--no-verify", "--rewind", rewind]
+                   "--device", "CPU", "--no-verify", "--rewind", rewind, *extra]
         if next_address is not None:
             command += ["--next", f"{next_address[0]}:{next_address[1]}"]
         preexec = None

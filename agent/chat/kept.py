@@ -1,8 +1,10 @@
 """Conversations kept between turns, so that the next turn computes only its new message.
 
-After an answer, its session (the KV state on every stage) is kept for ``keep_seconds``. A request
-whose conversation starts with what a kept session holds takes it over (``ResumableTarget.resume``);
-any other request starts a fresh session. A kept session still holds a place on every stage, so few
+After an answer, its session (the KV state on every stage) is kept for ``keep_seconds``. A request that
+continues the kept conversation (its prompt begins with the whole prompt the kept answer was given: the
+earlier turns, sent again) takes the session over (``ResumableTarget.resume``) and reuses what it holds
+up to where the two part; any other request starts a fresh session, even one that shares the chat
+template's opening. A kept session still holds a place on every stage, so few
 are kept (``keep_max``), each only for a while, and the oldest gives its place up at once when this
 agent needs one for a chat or a ring session (``evict_oldest``).
 """
@@ -23,17 +25,14 @@ from agent.transport.tasks import OwnedTasks
 
 log = logging.getLogger(__name__)
 
-MIN_SHARED_FRACTION = 0.5
-"""A kept session is taken over only by a conversation that shares at least this much of what it holds:
-less (another conversation that shares the system prompt) would spend a long exchange's state on a few
-template tokens."""
-
 
 @dataclass
 class KeptConversation:
     """A finished answer's session, kept for the conversation's next turn."""
 
     target: ResumableTarget
+    prompt: tuple[int, ...]
+    """The prompt of the answer it keeps: a request that begins with it continues the conversation."""
     turn: Any
     """The head's turn its steps take (``RingClient.turn``; None for an in-process pipeline)."""
     release: Callable[[], None]
@@ -63,17 +62,18 @@ class KeptConversations:
         return len(self._kept)
 
     def take(self, prompt_ids: Sequence[int], params: SamplingParams) -> KeptConversation | None:
-        """The kept session that holds the most of ``prompt_ids`` (enough of it, same sampling), no longer
-        kept; its target is set to resume. None: start a fresh session."""
+        """The kept session of the conversation ``prompt_ids`` continues (with the same sampling; of several,
+        the one holding the most of it), no longer kept; its target is set to resume. None: start afresh."""
         best: KeptConversation | None = None
-        best_common = 0
+        best_common = -1
         for kept in list(self._kept):
             if not kept.target.usable():  # its ring was lost meanwhile: its state is gone
                 self._drop(kept)
                 continue
+            if tuple(prompt_ids[: len(kept.prompt)]) != kept.prompt or not _same_sampling(kept.target.params, params):
+                continue
             common = kept.target.common_prefix(prompt_ids)
-            if (common > best_common and common >= MIN_SHARED_FRACTION * len(kept.target.held)
-                    and _same_sampling(kept.target.params, params)):
+            if common > best_common:
                 best, best_common = kept, common
         if best is None:
             return None
@@ -87,10 +87,12 @@ class KeptConversations:
                  len(prompt_ids))
         return best
 
-    def keep(self, kept: KeptConversation) -> bool:
-        """Keep a finished answer's session; False (nothing kept: close it) when keeping is off."""
+    def keep(self, kept: KeptConversation, prompt_ids: Sequence[int]) -> bool:
+        """Keep a finished answer's session, the answer to ``prompt_ids``; False (nothing kept: close it)
+        when keeping is off."""
         if self.keep_max == 0 or not kept.target.usable():
             return False
+        kept.prompt = tuple(prompt_ids)
         while len(self._kept) >= self.keep_max:
             self.evict_oldest()
         kept.expiry = self._closing.spawn(self._expire(kept))

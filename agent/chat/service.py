@@ -218,7 +218,7 @@ class ChatService:
             return
         finally:
             # An answer that ended normally leaves a session worth keeping; any other may hold half a step.
-            if conversation is None or not (finished and self.kept.keep(conversation)):
+            if conversation is None or not (finished and self.kept.keep(conversation, prompt_ids)):
                 if conversation is not None:
                     with contextlib.suppress(RingError):
                         await conversation.target.close()
@@ -281,7 +281,7 @@ class ChatService:
                 target, turn = await client.open_session(params, RING_TIMEOUT), client.turn
             except RingError as exc:  # joining the ring failed (a busy stage answers only the first step)
                 raise PeerUnavailableError(str(exc)) from exc
-        return KeptConversation(ResumableTarget(target, params), turn, self.server.table.release)
+        return KeptConversation(ResumableTarget(target, params), (), turn, self.server.table.release)
 
     async def _ring(self) -> RingClient:
         """This agent's connections to the rest of the ring, made at the first chat (bring-up order is free)."""

@@ -186,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.bench.ring_bench import add_arguments
 
     add_arguments(b)
+    b = bench.add_parser("chat", help="a conversation through a chat agent that keeps sessions between turns, "
+                                      "beside one that starts every turn afresh")
+    from agent.bench.chat_bench import add_arguments as add_chat_arguments
+
+    add_chat_arguments(b)
     b = bench.add_parser("stages", help="each stage's decode time back to back, beside the split planner's estimate")
     from agent.bench.stages_bench import add_arguments as add_stages_arguments
 
@@ -237,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
                 from agent.bench.ring_bench import run_bench_ring
 
                 return run_bench_ring(args, cache_dir)
+            if args.bench == "chat":
+                from agent.bench.chat_bench import run_bench_chat
+
+                return run_bench_chat(args, cache_dir)
             if args.bench == "stages":
                 from agent.bench.stages_bench import run_bench_stages
 

@@ -26,23 +26,30 @@ class Places:
         def release() -> None:
             self.held -= 1
 
-        return KeptConversation(target, None, release)
+        return KeptConversation(target, (), None, release)
 
 
-def test_a_turn_takes_the_session_that_holds_most_of_its_conversation() -> None:
+def keep(kept: KeptConversations, conversation: KeptConversation, prompt: list[int] | None = None) -> bool:
+    """Keep ``conversation`` as the answer to ``prompt`` (default: the first half of what it holds)."""
+    held = conversation.target.held
+    return kept.keep(conversation, held[: len(held) // 2] if prompt is None else prompt)
+
+
+def test_a_turn_takes_the_session_of_the_conversation_it_continues() -> None:
     async def go() -> None:
         places = Places()
         kept = KeptConversations("n", 60.0, 3)
-        short = places.conversation([1, 2, 3, 4])
-        long = places.conversation([1, 2, 3, 4, 5, 6, 7, 8])
-        other = places.conversation([9, 9, 9, 9])
+        short = places.conversation([1, 2, 3, 4])  # the answer to [1, 2]
+        long = places.conversation([1, 2, 3, 4, 5, 6, 7, 8])  # the answer to [1, 2, 3, 4]
+        other = places.conversation([9, 9, 9, 9])  # the answer to [9, 9]
         for conversation in (short, long, other):
-            assert kept.keep(conversation)
+            assert keep(kept, conversation)
+        # continues both short's and long's conversations: long holds more of it
         taken = kept.take([1, 2, 3, 4, 5, 6, 7, 8, 20, 21], GREEDY)
         assert taken is long and len(kept) == 2
         assert kept.resumed == 1 and kept.reused_tokens == 8
-        # shares half of what ``short`` holds: enough; a quarter of ``other``: not
         assert kept.take([1, 2, 30, 31], GREEDY) is short
+        # shares the opening of other's prompt, not the whole of it: another conversation
         assert kept.take([9, 40, 41, 42], GREEDY) is None
         assert places.held == 3  # taking over keeps the place; nothing was freed
         await kept.close_all()
@@ -57,8 +64,8 @@ def test_other_sampling_or_a_lost_ring_starts_afresh() -> None:
         kept = KeptConversations("n", 60.0, 2)
         warm = places.conversation([1, 2, 3, 4], SamplingParams(temperature=0.7, seed=1))
         lost = places.conversation([5, 6, 7, 8])
-        kept.keep(warm)
-        kept.keep(lost)
+        keep(kept, warm)
+        keep(kept, lost)
         assert kept.take([1, 2, 3, 4, 10], GREEDY) is None  # the stages sample with what the session opened with
         assert kept.take([1, 2, 3, 4, 10], SamplingParams(temperature=0.7, seed=2)) is warm  # the seed is the head's
         await lost.target.inner.close()  # as a lost ring fails its sessions
@@ -74,14 +81,14 @@ def test_kept_sessions_are_few_and_expire() -> None:
         places = Places()
         kept = KeptConversations("n", 0.05, 1)
         first, second = places.conversation([1, 2]), places.conversation([3, 4])
-        kept.keep(first)
-        kept.keep(second)  # one at most: the older gives its place up
+        keep(kept, first)
+        keep(kept, second)  # one at most: the older gives its place up
         await asyncio.sleep(0)
         assert len(kept) == 1 and places.held == 1 and first.target.inner.closed  # type: ignore[attr-defined]
         await asyncio.sleep(0.2)
         assert len(kept) == 0 and places.held == 0 and second.target.inner.closed  # type: ignore[attr-defined]
         third = places.conversation([5, 6])
-        kept.keep(third)
+        keep(kept, third)
         freed = kept.evict_oldest()
         assert freed is not None and places.held == 0
         await freed
@@ -95,7 +102,7 @@ def test_kept_sessions_are_few_and_expire() -> None:
 def test_keeping_off_keeps_nothing() -> None:
     async def go() -> None:
         kept = KeptConversations("n", 0.0, 4)
-        assert not kept.keep(Places().conversation([1, 2]))
+        assert not keep(kept, Places().conversation([1, 2]))
         assert len(kept) == 0
 
     asyncio.run(go())

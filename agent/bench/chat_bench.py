@@ -1,0 +1,286 @@
+"""``shoal bench chat``: a multi-turn conversation through a chat agent that keeps its sessions between
+turns, side by side with one that starts every turn afresh.
+
+One ring of one-thread agents (stages 1.. on the agent core) serves two stage-0 agents with a chat
+endpoint, both on the head core: one keeps a finished answer's session (``--chat-keep``), the other
+does not (``--chat-keep 0``). Each round holds the same conversation with both, in rotated order; a
+turn sends every turn before it with its answer, as a chat client does. Measured per turn, from the
+client: the time to the first token (the prompt's step: with a kept session only the new message is
+computed) and the whole turn. The answers must be identical token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.bench import BenchError
+from agent.bench.baseline import shoal_export
+from agent.bench.ring_bench import DEFAULT_PROMPT, AgentProcess
+from agent.bench.shards_bench import _append_markdown, _command_line, _machine, _slug, rotation
+from agent.bench.stats import Summary, paired_ratios
+
+MODES = ("kept", "afresh")
+DEFAULT_FOLLOW_UPS = (
+    "Now add a docstring that explains each parameter.",
+    "Rewrite the function to use collections.defaultdict, with the same type hints and docstring.",
+)
+
+
+def _progress(text: str) -> None:
+    print(f"bench chat: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class ChatBenchSettings:
+    """What ``shoal bench chat`` was asked to measure, validated."""
+
+    model: str
+    stages: int
+    runs: int
+    tokens: int
+    turns: tuple[str, ...]
+    head_core: int
+    agent_core: int
+    precision: str = "auto"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ChatBenchSettings:
+        if args.runs < 1 or args.tokens < 1:
+            raise BenchError("--runs and --tokens must be at least 1")
+        if args.stages < 2:
+            raise BenchError("a ring needs at least 2 stages (the chat agent holds stage 0)")
+        turns = (args.prompt or DEFAULT_PROMPT, *(args.follow_up or DEFAULT_FOLLOW_UPS))
+        allowed = sorted(os.sched_getaffinity(0))
+        head_core = allowed[0] if args.head_core is None else args.head_core
+        agent_core = allowed[-1] if args.agent_core is None else args.agent_core
+        if head_core not in allowed or agent_core not in allowed:
+            raise BenchError(f"--head-core/--agent-core must be among the usable cores {allowed}")
+        return cls(model=args.model, stages=args.stages, runs=args.runs, tokens=args.tokens, turns=turns,
+                   head_core=head_core, agent_core=agent_core, precision=args.precision)
+
+
+def add_arguments(b: argparse.ArgumentParser) -> None:
+    """The options of ``shoal bench chat``."""
+    b.add_argument("--model", default="qwen2.5-coder-1.5b", help="SOURCE to benchmark (default qwen2.5-coder-1.5b)")
+    b.add_argument("--stages", type=int, default=2, help="ring stages, the chat agent's included (default 2)")
+    b.add_argument("--runs", type=int, default=5, help="timed conversations per agent (after one untimed)")
+    b.add_argument("--tokens", type=int, default=64, help="most tokens of each answer (default 64)")
+    b.add_argument("--prompt", default=None, help="the first user message (default: the ring benchmark's)")
+    b.add_argument("--follow-up", action="append", default=None, metavar="MESSAGE",
+                   help="a later user message (repeatable; default: two follow-ups on the first answer)")
+    b.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default="auto",
+                   help="every agent's inference precision (as `shoal agent --precision`; default auto)")
+    b.add_argument("--head-core", type=int, default=None, help="core of the chat agents (default: the first)")
+    b.add_argument("--agent-core", type=int, default=None, help="core of the other agents (default: the last)")
+    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """One turn of one conversation, as the client saw it."""
+
+    round: int
+    mode: str
+    turn: int
+    first_token_seconds: float
+    seconds: float
+    prompt_tokens: int
+    cached_tokens: int
+    tokens: tuple[int, ...]
+
+
+class ChatRing:
+    """The ring's agents, and the two chat agents in front of it."""
+
+    def __init__(self, settings: ChatBenchSettings, export: Path, cache_dir: Path, log_dir: Path) -> None:
+        self.settings = settings
+        self.export = export
+        self.cache_dir = cache_dir
+        self.log_dir = log_dir
+        self.agents: list[AgentProcess] = []
+        self.endpoints: dict[str, Path] = {}
+
+    def start(self, fleet_dir: Path) -> None:
+        from agent.fleet import issue_node
+
+        settings = self.settings
+        address: tuple[str, int] | None = None
+        last: tuple[str, int] | None = None
+        for index in range(settings.stages - 1, 0, -1):  # last stage first: each is told the next one's address
+            identity = issue_node(fleet_dir, f"stage-{index}")
+            agent = AgentProcess(self.export, index, identity.cert.parent, settings.agent_core, self.cache_dir,
+                                 self.log_dir / f"agent{index}.log", address,
+                                 extra=["--precision", settings.precision])
+            self.agents.append(agent)
+            _progress(f"starting the agent of stage {index} on core {settings.agent_core}")
+            address = agent.wait_ready()
+            last = last or address
+        assert address is not None and last is not None
+        for mode in MODES:
+            identity = issue_node(fleet_dir, f"chat-{mode}")
+            endpoint = self.log_dir / f"chat-{mode}.json"
+            keep = ["--chat-keep", "3600", "--chat-keep-max", "1"] if mode == "kept" else ["--chat-keep", "0"]
+            agent = AgentProcess(self.export, 0, identity.cert.parent, settings.head_core, self.cache_dir,
+                                 self.log_dir / f"chat-{mode}.log", address,
+                                 extra=["--chat", "127.0.0.1:0", "--chat-file", str(endpoint),
+                                        "--ring-last", f"{last[0]}:{last[1]}", "--precision", settings.precision,
+                                        *keep])
+            self.agents.append(agent)
+            _progress(f"starting the chat agent that {'keeps' if mode == 'kept' else 'does not keep'} sessions, "
+                      f"on core {settings.head_core}")
+            agent.wait_ready()
+            self.endpoints[mode] = endpoint
+
+    def stop(self) -> None:
+        for agent in reversed(self.agents):
+            agent.close()
+
+
+async def _turn(endpoint: Any, messages: tuple[tuple[str, str], ...], tokens: int) -> tuple[float, float, str,
+                                                                                             list[int], dict[str, Any]]:
+    from agent.chat.client import ask
+    from agent.chat.protocol import ChatRequest
+
+    request = ChatRequest(token=endpoint.token, messages=messages, max_tokens=tokens)
+    started = time.perf_counter()
+    first: float | None = None
+    text: list[str] = []
+    ids: list[int] = []
+    async for event in ask(endpoint, request):
+        if event.event == "token":
+            first = first if first is not None else time.perf_counter() - started
+            text.append(event.text)
+            assert event.id is not None
+            ids.append(event.id)
+        elif event.event == "error":
+            raise BenchError(f"the chat agent answered {event.code}: {event.text}")
+        else:
+            return (first if first is not None else time.perf_counter() - started, time.perf_counter() - started,
+                    "".join(text), ids, event.stats)
+    raise BenchError("the chat agent closed the connection without finishing its answer")
+
+
+async def _measure(ring: ChatRing, settings: ChatBenchSettings) -> list[TurnResult]:
+    from agent.chat.endpoint import ChatEndpoint
+
+    endpoints = {mode: ChatEndpoint.load(path) for mode, path in ring.endpoints.items()}
+    results: list[TurnResult] = []
+    for round_ in range(settings.runs + 1):  # round 0: untimed (the chat agents join the ring, first inferences)
+        for mode in rotation(MODES, round_):
+            endpoint = endpoints[mode]
+            history: tuple[tuple[str, str], ...] = ()
+            for index, message in enumerate(settings.turns):
+                history = (*history, ("user", message))
+                first, seconds, text, ids, stats = await _turn(endpoint, history, settings.tokens)
+                history = (*history, ("assistant", text))
+                _progress(f"round {round_} {mode}: turn {index + 1} first token {first:.2f} s, {seconds:.2f} s, "
+                          f"{stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens kept")
+                if round_ > 0:
+                    results.append(TurnResult(round_, mode, index + 1, first, seconds, int(stats["prompt_tokens"]),
+                                              int(stats["cached_tokens"]), tuple(ids)))
+    return results
+
+
+def build_report(results: Sequence[TurnResult], settings: ChatBenchSettings, machine: dict[str, Any]) -> dict[str, Any]:
+    """Per turn: medians of each agent's first-token and whole-turn times, their paired ratios, tokens."""
+    turns = []
+    for turn in range(1, len(settings.turns) + 1):
+        by_mode = {mode: sorted((r for r in results if r.turn == turn and r.mode == mode), key=lambda r: r.round)
+                   for mode in MODES}
+        kept, afresh = by_mode["kept"], by_mode["afresh"]
+        first_ratio = paired_ratios([r.first_token_seconds for r in afresh], [r.first_token_seconds for r in kept])
+        whole_ratio = paired_ratios([r.seconds for r in afresh], [r.seconds for r in kept])
+        turns.append({
+            "turn": turn,
+            "prompt_tokens": Summary.of([r.prompt_tokens for r in kept]).median,
+            "cached_tokens": {mode: Summary.of([r.cached_tokens for r in by_mode[mode]]).median for mode in MODES},
+            "first_token_seconds": {mode: asdict(Summary.of([r.first_token_seconds for r in by_mode[mode]]))
+                                    for mode in MODES},
+            "seconds": {mode: asdict(Summary.of([r.seconds for r in by_mode[mode]])) for mode in MODES},
+            "first_token_afresh_over_kept": asdict(Summary.of(first_ratio)),
+            "turn_afresh_over_kept": asdict(Summary.of(whole_ratio)),
+            "same_tokens": all(a.tokens == k.tokens for a, k in zip(afresh, kept, strict=True)),
+            "answer_tokens": Summary.of([len(r.tokens) for r in kept]).median,
+        })
+    return {"settings": asdict(settings), "machine": machine, "turns": turns}
+
+
+def render_markdown(report: dict[str, Any], command: str) -> str:
+    settings, machine = report["settings"], report["machine"]
+    lines = [
+        f"## shoal bench chat, {machine['date']}", "",
+        f"Command: `{command}`", "",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']:.0f} GB RAM; OpenVINO "
+        f"{machine['openvino']}. Two stage-0 chat agents on core {settings['head_core']} (one keeping a finished "
+        f"answer's session, `--chat-keep`, the other not, `--chat-keep 0`), the other stages' agents on core "
+        f"{settings['agent_core']}; every agent `--threads 1`.", "",
+        f"Method: {settings['model']} in {settings['stages']} stages; a conversation of {len(settings['turns'])} "
+        f"user turns, each sent with every turn and answer before it (greedy, at most {settings['tokens']} tokens "
+        f"an answer, ending at a stop token); {settings['runs']} timed conversations with each agent after an "
+        "untimed one, the two agents alternating in rotated order (a conversation's first turn does not "
+        "continue the last one's, so it starts afresh with both). "
+        f"Stages compute in precision `{settings['precision']}`. Times are the client's "
+        "(`agent.chat.client.ask`): first token = request to first token, the prompt's "
+        "step included; turn = request to the end of the answer. Paired: median of the per-round ratios.", "",
+        "| turn | prompt tokens | kept from the last turn | first token, kept (s) | first token, afresh (s) "
+        "| afresh / kept, paired (min-max) | turn, kept (s) | turn, afresh (s) | afresh / kept, paired | answer "
+        "tokens | same tokens |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for turn in report["turns"]:
+        first, whole = turn["first_token_seconds"], turn["seconds"]
+        ratio, turn_ratio = turn["first_token_afresh_over_kept"], turn["turn_afresh_over_kept"]
+        lines.append(
+            f"| {turn['turn']} | {turn['prompt_tokens']:.0f} | {turn['cached_tokens']['kept']:.0f} "
+            f"| {first['kept']['median']:.3f} | {first['afresh']['median']:.3f} "
+            f"| {ratio['median']:.2f}× ({ratio['min']:.2f}-{ratio['max']:.2f}) "
+            f"| {whole['kept']['median']:.2f} | {whole['afresh']['median']:.2f} | {turn_ratio['median']:.2f}× "
+            f"| {turn['answer_tokens']:.0f} | {'yes' if turn['same_tokens'] else 'NO'} |")
+    return "\n".join(lines) + "\n\n"
+
+
+def run_bench_chat(args: argparse.Namespace, cache_dir: Path) -> int:
+    """Prepare (or reuse) the export, bring the ring and both chat agents up, hold the conversations, report."""
+    from agent.fleet import init_fleet
+
+    settings = ChatBenchSettings.from_args(args)
+    work = cache_dir / "bench" / _slug(settings.model)
+    work.mkdir(parents=True, exist_ok=True)
+    _progress(f"{settings.model}: shoal export (int4, {settings.stages} stages)")
+    export = shoal_export(settings.model, settings.stages, work / f"shoal-{settings.stages}stage", cache_dir).path
+    bench_dir = cache_dir / "bench"
+    fleet_dir = bench_dir / "ring-fleet"
+    if not (fleet_dir / "ca.pem").is_file():
+        init_fleet(fleet_dir, name="shoal-bench", force=True)
+    log_dir = bench_dir / "chat-logs" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    _progress(f"logs in {log_dir}")
+    machine = _machine(settings.head_core)
+    ring = ChatRing(settings, export, cache_dir, log_dir)
+    try:
+        ring.start(fleet_dir)
+        results = asyncio.run(_measure(ring, settings))
+    finally:
+        ring.stop()
+    report = build_report(results, settings, machine)
+    (log_dir / "report.json").write_text(json.dumps(report, indent=1))
+    markdown = render_markdown(report, _command_line())
+    if args.json:
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        print(markdown)
+    if args.markdown is not None:
+        _append_markdown(args.markdown, markdown)
+        _progress(f"results appended to {args.markdown}")
+    return 0
