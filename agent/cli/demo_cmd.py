@@ -70,7 +70,8 @@ async def _show_status(addresses: list[tuple[str, int]], identity_dir: Path) -> 
         s = await fetch_status(address, identity)
         layers = s["layers"]
         chat = s.get("chat")
-        own = (f"; for its own chats {chat['local_steps']} steps, {chat['local_compute_seconds']:.2f} s"  # type: ignore[index]
+        own = (f"; for its own chats {chat['local_steps']} steps, {chat['local_compute_seconds']:.2f} s, "  # type: ignore[index]
+               f"{chat['kept']} kept for the conversation's next turn"  # type: ignore[index]
                if isinstance(chat, dict) else "")
         print(f"  {s['node']}: layers {layers[0]}-{layers[1] - 1}, {s['steps_served']} steps, "  # type: ignore[index]
               f"{s['compute_seconds']:.2f} s computing{own}, {len(s['sessions'])} sessions open",  # type: ignore[arg-type]
