@@ -35,8 +35,6 @@ class KeptConversation:
     """The prompt of the answer it keeps: a request that begins with it continues the conversation."""
     turn: Any
     """The head's turn its steps take (``RingClient.turn``; None for an in-process pipeline)."""
-    release: Callable[[], None]
-    """Gives up the place it holds on this agent."""
     expiry: asyncio.Task[None] | None = None
 
 
@@ -46,10 +44,13 @@ def _same_sampling(a: SamplingParams, b: SamplingParams) -> bool:
 
 
 class KeptConversations:
-    """At most ``keep_max`` kept sessions, each closed after ``keep_seconds`` unless taken over."""
+    """At most ``keep_max`` kept sessions, each closed after ``keep_seconds`` unless taken over.
 
-    def __init__(self, node: str, keep_seconds: float, keep_max: int) -> None:
+    ``release`` gives up the place a session holds on this agent (each kept one holds one)."""
+
+    def __init__(self, node: str, keep_seconds: float, keep_max: int, release: Callable[[], None]) -> None:
         self.node = node
+        self._release = release
         self.keep_seconds = keep_seconds
         self.keep_max = keep_max if keep_seconds > 0 else 0
         self._kept: list[KeptConversation] = []  # oldest first
@@ -112,7 +113,7 @@ class KeptConversations:
         for conversation in kept:
             if conversation.expiry is not None:
                 conversation.expiry.cancel()
-            conversation.release()
+            self._release()
             await self._close(conversation.target)
         await self._closing.cancel_all()
 
@@ -126,7 +127,7 @@ class KeptConversations:
         self._kept.remove(kept)
         if kept.expiry is not None:
             kept.expiry.cancel()
-        kept.release()
+        self._release()
         return self._closing.spawn(self._close(kept.target))
 
     async def _close(self, target: ResumableTarget) -> None:

@@ -78,7 +78,7 @@ class ChatService:
         self._http: OpenAIEndpoint | None = None
         self._answers = OwnedTasks()
         self.answered = 0
-        self.kept = KeptConversations(self.node, config.chat_keep, config.chat_keep_max)
+        self.kept = KeptConversations(self.node, config.chat_keep, config.chat_keep_max, server.table.release)
         server.table.reclaim = lambda: self.kept.evict_oldest() is not None
 
     async def start(self) -> tuple[str, int]:
@@ -255,7 +255,7 @@ class ChatService:
                         yield ChatEvent("token", id=token, text=stream.push(token))
                 return
             except FleetBusyError:
-                if produced or retried or not len(self.kept):
+                if produced or retried or not self.kept:
                     raise
             retried = True
             log.info("node=%s a stage turned the chat away as busy: a kept session gives its place up and the "
@@ -281,7 +281,7 @@ class ChatService:
                 target, turn = await client.open_session(params, RING_TIMEOUT), client.turn
             except RingError as exc:  # joining the ring failed (a busy stage answers only the first step)
                 raise PeerUnavailableError(str(exc)) from exc
-        return KeptConversation(ResumableTarget(target, params), (), turn, self.server.table.release)
+        return KeptConversation(ResumableTarget(target, params), (), turn)
 
     async def _ring(self) -> RingClient:
         """This agent's connections to the rest of the ring, made at the first chat (bring-up order is free)."""

@@ -22,11 +22,13 @@ class Places:
         target = ResumableTarget(ScriptedTarget(), params)
         target.held = list(held)
         self.held += 1
+        return KeptConversation(target, (), None)
 
-        def release() -> None:
-            self.held -= 1
+    def release(self) -> None:
+        self.held -= 1
 
-        return KeptConversation(target, (), None, release)
+    def keeper(self, keep_seconds: float, keep_max: int) -> KeptConversations:
+        return KeptConversations("n", keep_seconds, keep_max, self.release)
 
 
 def keep(kept: KeptConversations, conversation: KeptConversation, prompt: list[int] | None = None) -> bool:
@@ -38,7 +40,7 @@ def keep(kept: KeptConversations, conversation: KeptConversation, prompt: list[i
 def test_a_turn_takes_the_session_of_the_conversation_it_continues() -> None:
     async def go() -> None:
         places = Places()
-        kept = KeptConversations("n", 60.0, 3)
+        kept = places.keeper(60.0, 3)
         short = places.conversation([1, 2, 3, 4])  # the answer to [1, 2]
         long = places.conversation([1, 2, 3, 4, 5, 6, 7, 8])  # the answer to [1, 2, 3, 4]
         other = places.conversation([9, 9, 9, 9])  # the answer to [9, 9]
@@ -61,7 +63,7 @@ def test_a_turn_takes_the_session_of_the_conversation_it_continues() -> None:
 def test_other_sampling_or_a_lost_ring_starts_afresh() -> None:
     async def go() -> None:
         places = Places()
-        kept = KeptConversations("n", 60.0, 2)
+        kept = places.keeper(60.0, 2)
         warm = places.conversation([1, 2, 3, 4], SamplingParams(temperature=0.7, seed=1))
         lost = places.conversation([5, 6, 7, 8])
         keep(kept, warm)
@@ -79,7 +81,7 @@ def test_other_sampling_or_a_lost_ring_starts_afresh() -> None:
 def test_kept_sessions_are_few_and_expire() -> None:
     async def go() -> None:
         places = Places()
-        kept = KeptConversations("n", 0.05, 1)
+        kept = places.keeper(0.05, 1)
         first, second = places.conversation([1, 2]), places.conversation([3, 4])
         keep(kept, first)
         keep(kept, second)  # one at most: the older gives its place up
@@ -101,8 +103,9 @@ def test_kept_sessions_are_few_and_expire() -> None:
 
 def test_keeping_off_keeps_nothing() -> None:
     async def go() -> None:
-        kept = KeptConversations("n", 0.0, 4)
-        assert not keep(kept, Places().conversation([1, 2]))
+        places = Places()
+        kept = places.keeper(0.0, 4)
+        assert not keep(kept, places.conversation([1, 2]))
         assert len(kept) == 0
 
     asyncio.run(go())
