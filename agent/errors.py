@@ -55,3 +55,7 @@ class FleetBusyError(RingError):
 
 class SessionFailedError(RingError):
     """A stage reported a failure for this session."""
+
+
+class SessionEvictedError(SessionFailedError):
+    """The session was parked between turns and a stage gave its place to a new session."""

@@ -5,8 +5,10 @@ continues the kept conversation (its prompt begins with the whole prompt the kep
 earlier turns, sent again) takes the session over (``ResumableTarget.resume``) and reuses what it holds
 up to where the two part; any other request starts a fresh session, even one that shares the chat
 template's opening. A kept session still holds a place on every stage, so few
-are kept (``keep_max``), each only for a while, and the oldest gives its place up at once when this
-agent needs one for a chat or a ring session (``evict_oldest``).
+are kept (``keep_max``), each only for a while, and it is parked there (``Target.park``): a stage that
+needs the place for a new session evicts it, and the conversation's next turn then starts afresh. On this
+agent, a kept session whose state a stage evicted, else the oldest, gives its place up at once when the
+agent needs one for a chat or a ring session (``give_up_place``).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class KeptConversations:
         best: KeptConversation | None = None
         best_common = -1
         for kept in list(self._kept):
-            if not kept.target.usable():  # its ring was lost meanwhile: its state is gone
+            if not kept.target.usable():  # a stage evicted it, or its ring was lost: its state is gone
+                log.info("node=%s a kept chat session is gone (evicted or its ring lost)", self.node)
                 self._drop(kept)
                 continue
             if tuple(prompt_ids[: len(kept.prompt)]) != kept.prompt or not _same_sampling(kept.target.params, params):
@@ -88,10 +91,14 @@ class KeptConversations:
                  len(prompt_ids))
         return best
 
-    def keep(self, kept: KeptConversation, prompt_ids: Sequence[int]) -> bool:
-        """Keep a finished answer's session, the answer to ``prompt_ids``; False (nothing kept: close it)
-        when keeping is off."""
+    async def keep(self, kept: KeptConversation, prompt_ids: Sequence[int]) -> bool:
+        """Keep a finished answer's session, the answer to ``prompt_ids``, parked on the stages; False
+        (nothing kept: close it) when keeping is off or the session cannot be parked."""
         if self.keep_max == 0 or not kept.target.usable():
+            return False
+        try:
+            await kept.target.park()
+        except RingError:
             return False
         kept.prompt = tuple(prompt_ids)
         while len(self._kept) >= self.keep_max:
@@ -99,6 +106,15 @@ class KeptConversations:
         kept.expiry = self._closing.spawn(self._expire(kept))
         self._kept.append(kept)
         return True
+
+    def give_up_place(self) -> bool:
+        """Free the place of one kept session on this agent: one that a stage evicted (it is of no use any
+        more), else the oldest. False: none is kept."""
+        for kept in self._kept:
+            if not kept.target.usable():
+                self._drop(kept)
+                return True
+        return self.evict_oldest() is not None
 
     def evict_oldest(self) -> asyncio.Task[None] | None:
         """Give up the oldest kept session's place now; its state is freed by the returned task (None:

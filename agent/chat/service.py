@@ -14,7 +14,8 @@ A client that disconnects cancels its answer, and every stage frees the session.
 An answer that ends normally leaves its session on the stages for a while (``agent.chat.kept``): the
 conversation's next turn, which repeats everything before its new message, then computes only that
 message. A kept session keeps its place, and gives it up at once when another chat or a ring session
-needs one here, or when a stage of the ring turns the next chat away as busy.
+needs one here; on the other stages it is parked, and a stage that needs its place for a new session
+evicts it (the next turn then starts afresh).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.kept import KeptConversation, KeptConversations
 from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
-from agent.errors import FleetBusyError, PeerUnavailableError, RingError
+from agent.errors import FleetBusyError, PeerUnavailableError, RingError, SessionEvictedError
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.chat import ChatTokenizer, PromptTooLongError, TextStream
 from agent.head.decode import DecodeStats, decode
@@ -79,7 +80,7 @@ class ChatService:
         self._answers = OwnedTasks()
         self.answered = 0
         self.kept = KeptConversations(self.node, config.chat_keep, config.chat_keep_max, server.table.release)
-        server.table.reclaim = lambda: self.kept.evict_oldest() is not None
+        server.table.reclaim = self.kept.give_up_place
 
     async def start(self) -> tuple[str, int]:
         """Listen on the configured loopback address and write the endpoint file; returns the address."""
@@ -140,12 +141,22 @@ class ChatService:
     # -- one client connection -----------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._answers.adopt()
+        watch: _ClientWatch | None = None
         try:
             request = await self._read_request(reader)
+            watch = _ClientWatch.start(reader)
             async with contextlib.aclosing(self.answer(request)) as events:
                 async for event in events:
                     writer.write(event.to_line())
-                    await writer.drain()  # a client that left ends the answer here
+                    await writer.drain()
+                    watch.answered_once = True
+            watch.stop()
+        except asyncio.CancelledError:
+            if watch is None or not watch.left:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # the client's doing, not the agent's
+            log.info("node=%s chat client left before its %s", self.node,
+                     "answer was complete" if watch.answered_once else "first token")
         except ChatProtocolError as exc:
             log.warning("node=%s chat request refused: %s", self.node, exc)
             with contextlib.suppress(ConnectionError):
@@ -159,6 +170,8 @@ class ChatService:
                 writer.write(ChatEvent.error("failed", "internal error in the agent (see its log)").to_line())
                 await writer.drain()
         finally:
+            if watch is not None:
+                watch.stop()
             writer.close()
             with contextlib.suppress(ConnectionError, asyncio.CancelledError):
                 await writer.wait_closed()
@@ -218,11 +231,17 @@ class ChatService:
             return
         finally:
             # An answer that ended normally leaves a session worth keeping; any other may hold half a step.
-            if conversation is None or not (finished and self.kept.keep(conversation, prompt_ids)):
-                if conversation is not None:
-                    with contextlib.suppress(RingError):
-                        await conversation.target.close()
-                self.server.table.release()
+            # A cancellation (the client left) may land on any await here: the place is given back first,
+            # and the session's close is shielded, so neither is lost half-way.
+            keeping = False
+            try:
+                keeping = finished and conversation is not None and await self.kept.keep(conversation, prompt_ids)
+            finally:
+                if not keeping:
+                    self.server.table.release()
+                    if conversation is not None:
+                        with contextlib.suppress(RingError):
+                            await asyncio.shield(conversation.target.close())
         seconds = time.perf_counter() - started
         self.answered += 1
         cached = conversation.target.reused if conversation is not None else 0
@@ -235,11 +254,10 @@ class ChatService:
 
     async def _tokens(self, conversation: KeptConversation, prompt_ids: list[int], request: ChatRequest,
                       stats: DecodeStats) -> AsyncIterator[ChatEvent]:
-        """The token events of one answer. Where a stage is full before the first token (of sessions this
-        head keeps among others), the oldest kept session gives its place up and the answer starts again."""
+        """The token events of one answer. A kept session that a stage evicted (it gave the place to a new
+        session) as this turn took it over fails at its first step: the answer then starts afresh."""
         tokenizer = self.tokenizer
         assert tokenizer is not None
-        retried = False
         while True:
             stream = TextStream(tokenizer)
             tokens = decode(conversation.target, prompt_ids, max_tokens=request.max_tokens,
@@ -248,22 +266,19 @@ class ChatService:
                             drafter=self.drafters.new(request.sampling), k_policy=AdaptiveK(),
                             executor=self.server.executor, stats=stats, turn=conversation.turn)
             produced = False
+            resumed = bool(conversation.target.held)  # a kept session taken over, not a fresh one
             try:
                 async with contextlib.aclosing(tokens):  # a client that leaves ends the loop now
                     async for token in tokens:
                         produced = True
                         yield ChatEvent("token", id=token, text=stream.push(token))
                 return
-            except FleetBusyError:
-                if produced or retried or not self.kept:
+            except SessionEvictedError:
+                if produced or not resumed:
                     raise
-            retried = True
-            log.info("node=%s a stage turned the chat away as busy: a kept session gives its place up and the "
-                     "chat starts again", self.node)
-            freed = self.kept.evict_oldest()
+            log.info("node=%s the kept session was evicted as the chat took it over: the chat starts afresh",
+                     self.node)
             await conversation.target.close()
-            if freed is not None:
-                await freed  # its goodbye reaches every stage before the new session's first step
             fresh = await self._open(request)
             conversation.target, conversation.turn = fresh.target, fresh.turn
 
@@ -307,3 +322,40 @@ class ChatService:
             last = config.ring_last or config.next
         assert first is not None and last is not None
         return first, last
+
+
+class _ClientWatch:
+    """Ends an answer as soon as its client leaves, not at the next token it would have been sent.
+
+    A client sends nothing after its request line, so an end of stream (or a reset) on the connection means
+    it left; the answer's task is then cancelled, which frees its session on every stage at once (a long
+    prompt would otherwise keep the ring busy until its first token). A client must therefore keep its
+    side open until the answer ends: closing or half-closing it cancels the answer.
+    """
+
+    def __init__(self) -> None:
+        self.left = False
+        self.answered_once = False
+        """True once an event reached the client (for the log line)."""
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def start(cls, reader: asyncio.StreamReader) -> _ClientWatch:
+        watch = cls()
+        answering = asyncio.current_task()
+        assert answering is not None
+
+        async def run() -> None:
+            with contextlib.suppress(ConnectionError):
+                while await reader.read(4096):
+                    pass
+            watch.left = True
+            answering.cancel()
+
+        watch._task = asyncio.get_running_loop().create_task(run())
+        return watch
+
+    def stop(self) -> None:
+        """The answer is over (or failed by itself): stop watching."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()

@@ -52,6 +52,9 @@ class ResumableTarget:
     def usable(self) -> bool:
         return self.inner.usable()
 
+    async def park(self) -> None:
+        await self.inner.park()
+
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
         return await (await self.submit(ids, rewind, last_only))
 

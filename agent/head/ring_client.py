@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from agent.errors import FleetBusyError, PeerUnavailableError, ProtocolError, RingError, SessionFailedError
+from agent.errors import (
+    FleetBusyError,
+    PeerUnavailableError,
+    ProtocolError,
+    RingError,
+    SessionEvictedError,
+    SessionFailedError,
+)
 from agent.head.sampling import SamplingParams
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
@@ -197,6 +204,8 @@ def _error(report: ErrorReport) -> RingError:
         return FleetBusyError(report.message)
     if report.code == "peer_lost":
         return PeerUnavailableError(report.message + where)
+    if report.code == "evicted":
+        return SessionEvictedError(report.message)
     return SessionFailedError(f"{report.code}: {report.message}{where}")
 
 
@@ -310,6 +319,13 @@ class RingSession:
         self.client.local_steps += 1
         self.client.local_seconds += time.perf_counter() - started
         return hidden
+
+    async def park(self) -> None:
+        """Tell every stage the session waits for its conversation's next turn (``FrameType.PARK``): a stage
+        short of room evicts it rather than turn a new session away, and its ERROR ``evicted`` then fails it
+        here. The next step makes it active again."""
+        if self._opened and not self._closed and self._failure is None:
+            await self.client.send_first(Frame(FrameType.PARK, session=self.id))
 
     async def close(self) -> None:
         """End the session: every stage frees its state."""

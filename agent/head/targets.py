@@ -47,7 +47,12 @@ class Target(Protocol):
         ...
 
     def usable(self) -> bool:
-        """Whether the session can take more steps (not closed, its ring not lost)."""
+        """Whether the session can take more steps (not closed, its ring not lost, not evicted)."""
+        ...
+
+    async def park(self) -> None:
+        """The session waits for its conversation's next turn: stages that hold it may give its place to a new
+        session meanwhile, and then it is no longer :meth:`usable`."""
         ...
 
     async def close(self) -> None: ...
@@ -84,6 +89,9 @@ class LocalTarget:
 
     def usable(self) -> bool:
         return True
+
+    async def park(self) -> None:
+        """Nothing to tell: the state is this process's, and so is the choice of what to keep."""
 
     async def close(self) -> None:
         async with self._order:  # after the steps still in flight

@@ -1,9 +1,13 @@
 """``StageServer``: one agent serving its stage(s) of an export on the ring.
 
-Frames flow one way: a predecessor (or a head) sends OPEN / STEP / CLOSE; this agent runs the
+Frames flow one way: a predecessor (or a head) sends OPEN / STEP / PARK / CLOSE; this agent runs the
 step on its stages (one worker thread, in arrival order, so steps of many sessions interleave)
 and passes the hidden states to the next stage, or, on the last stage, sends the result straight
 to the session's head. ERROR frames go back up the way the session came.
+
+A parked session (its head keeps it for the conversation's next turn) holds its place only until a new
+session needs it: then the one parked the longest ago is evicted, its head told (ERROR ``evicted``) and the
+next stages freed of it, so an idle conversation never turns another user away as "fleet busy".
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ class StageServer:
         self.hello = Hello(node=node, role="stage", export_id=manifest.export_id, layer_start=graphs[0].layer_start,
                            layer_stop=graphs[-1].layer_stop, is_last=self.is_last)
         self._wire_dtype = wire_numpy_dtype(config.wire_dtype, stages[-1])
-        self.table = SessionTable(config.max_sessions)
+        self.table = SessionTable(config.max_sessions, on_evict=self._evicted)
         self.heads: dict[int, FrameConnection] = {}
         self._connections: set[FrameConnection] = set()
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
@@ -171,7 +175,7 @@ class StageServer:
             if kind is FrameType.GOODBYE:
                 await connection.close(goodbye=False)
                 return
-            if kind in (FrameType.OPEN, FrameType.STEP, FrameType.CLOSE):
+            if kind in (FrameType.OPEN, FrameType.STEP, FrameType.PARK, FrameType.CLOSE):
                 if frame.session == 0:
                     raise RemoteProtocolError(f"{kind.name} without a session id")
                 self._queue.put_nowait(_Work(frame, connection))
@@ -190,6 +194,8 @@ class StageServer:
                     await self._open(frame, work.upstream)
                 elif frame.type is FrameType.STEP:
                     await self._step(frame, work.upstream)
+                elif frame.type is FrameType.PARK:
+                    await self._park(frame)
                 else:
                     await self._close(frame.session, forward=True)
             except _SessionFailure as failure:
@@ -233,6 +239,7 @@ class StageServer:
             raise _SessionFailure("unknown_session", f"session {frame.session:016x} is not open on {self.node}")
         if frame.step != state.next_step:
             raise _SessionFailure("bad_request", f"step {frame.step} arrived where {state.next_step} was expected")
+        state.parked_at = None
         inputs = self._inputs(frame)
         if frame.rewind > state.logical_length or frame.position != state.logical_length - frame.rewind:
             raise _SessionFailure("bad_request", f"step at position {frame.position} with rewind {frame.rewind} "
@@ -292,6 +299,30 @@ class StageServer:
                 frame.session, frame.step)
         wire = np.array(x, dtype=self._wire_dtype)  # a copy: x is reused
         return Frame.tensor(FrameType.STEP, wire, flags=frame.flags, **fields)
+
+    async def _park(self, frame: Frame) -> None:
+        """The session waits for its next turn: it may be evicted when a new session needs its place."""
+        state = self.table.get(frame.session)
+        if state is None:
+            return  # closed or evicted meanwhile
+        state.parked_at = self._clock()
+        log.info("node=%s session=%016x parked at %d positions", self.node, frame.session, state.logical_length)
+        await self._forward_quietly(frame)
+
+    def _evicted(self, state: SessionState) -> None:
+        """The table dropped a parked session to make room: tell its head, free it on the next stages."""
+        parked = self._clock() - (state.parked_at or self._clock())
+        log.info("node=%s session=%016x evicted after %.1f s parked: its place went to a new session (%d/%d "
+                 "sessions)", self.node, state.id, parked, len(self.table.sessions), self.table.capacity)
+        report = ErrorReport("evicted", f"{self.node} gave the place of this session, parked for {parked:.0f} s, "
+                             "to a new session", self.node)
+
+        async def notify() -> None:
+            if state.upstream is not None:
+                await _send_quietly(state.upstream, report.to_frame(state.id))
+            await self._forward_quietly(Frame(FrameType.CLOSE, session=state.id))
+
+        self._spawn(notify())
 
     async def _close(self, session: int, forward: bool) -> None:
         state = self.table.pop(session)
@@ -357,6 +388,8 @@ class StageServer:
             # whether speculative greedy decoding here equals plain decoding (null: not measured on this device)
             "exact_speculation": self.stages[0].exact_speculation,
             "sessions": [f"{s:016x}" for s in self.table.sessions],
+            "parked": self.table.parked(),
+            "evicted": self.table.evicted,
             "local_chats": self.table.local,
             "max_sessions": self.table.capacity,
             "steps_served": self.steps_served,

@@ -21,6 +21,8 @@ class SessionState:
     """The connection the session arrived on (errors go back there; if it dies, the session ends)."""
     steps: int = 0
     next_step: int = 0
+    parked_at: float | None = None
+    """When its head parked it (``FrameType.PARK``: kept for the conversation's next turn); None while active."""
 
     @property
     def logical_length(self) -> int:
@@ -38,14 +40,32 @@ class SessionTable:
     reclaim: Callable[[], bool] | None = None
     """Frees a place held by a session the agent keeps idle (a chat kept for its next turn); True if it did.
     Asked before anyone is refused for want of room."""
+    on_evict: Callable[[SessionState], None] | None = None
+    """Told of a parked session the table dropped to make room (its head and the next stages must hear of it)."""
+    evicted: int = 0
 
     @property
     def full(self) -> bool:
         return len(self.sessions) + self.local >= self.capacity
 
     def make_room(self) -> bool:
-        """Whether a session may be added: a place is free, or ``reclaim`` freed one."""
-        return not self.full or (self.reclaim is not None and self.reclaim() and not self.full)
+        """Whether a session may be added: a place is free, or ``reclaim`` freed one, or the session parked
+        the longest ago gave its place up (``on_evict`` hears of it). Active sessions are never evicted."""
+        if not self.full or (self.reclaim is not None and self.reclaim() and not self.full):
+            return True
+        parked = [s for s in self.sessions.values() if s.parked_at is not None]
+        if not parked:
+            return False
+        victim = min(parked, key=lambda s: s.parked_at or 0.0)
+        del self.sessions[victim.id]
+        self.evicted += 1
+        if self.on_evict is not None:
+            self.on_evict(victim)
+        return True
+
+    def parked(self) -> int:
+        """Sessions held while their heads wait for a conversation's next turn."""
+        return sum(1 for s in self.sessions.values() if s.parked_at is not None)
 
     def reserve(self) -> bool:
         """Claim room for one of the agent's own chats; False when every place is taken."""

@@ -32,7 +32,7 @@ import numpy as np
 from agent.errors import LocalProtocolError
 
 MAGIC = b"SH"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: PARK
 HEADER = struct.Struct("<2sBBQIIHHHBB4II")
 HEADER_SIZE = HEADER.size
 MAX_NDIM = 4
@@ -50,6 +50,8 @@ class FrameType(enum.IntEnum):
     STATUS_REQUEST = 7  # ask an agent for its status
     STATUS = 8  # the agent's status (JSON)
     GOODBYE = 9  # the connection closes on purpose; an end of stream without it is a failure
+    PARK = 10  # a session waits for its conversation's next turn: a stage short of room may evict it; travels
+    # down the ring; its next STEP makes it active again
 
 
 class StepFlags(enum.IntFlag):

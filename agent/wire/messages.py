@@ -116,7 +116,8 @@ class SessionOpen(Message):
         return Frame.message(FrameType.OPEN, self.to_json(), session=session)
 
 
-ERROR_CODES = ("busy", "bad_request", "peer_lost", "stage_failed", "unknown_session")
+ERROR_CODES = ("busy", "bad_request", "peer_lost", "stage_failed", "unknown_session", "evicted")
+"""``evicted``: the session was parked (``FrameType.PARK``) and a stage gave its place to a new one."""
 
 
 @dataclass(frozen=True)

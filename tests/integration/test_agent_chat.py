@@ -8,7 +8,8 @@ a chat ends), alone and with other chats at once; a chat beyond its ``max_sessio
 "fleet busy"; bad requests and a wrong token are refused without disturbing anyone; a client that
 leaves mid-answer frees the session on every stage. A finished answer's session is kept for
 ``KEEP_SECONDS``: the conversation's next turn computes only its new message and still gives the
-pipeline's answer to the whole conversation, and a kept session gives its place up to a new chat.
+pipeline's answer to the whole conversation. A kept session is parked on the stages: it gives its place
+up to a new chat here, and a full stage evicts it for another head's new session or this agent's.
 """
 
 from __future__ import annotations
@@ -218,6 +219,32 @@ def test_client_leaving_mid_answer_frees_the_session_everywhere(
     assert "chat client left" in agent.log_text()
 
 
+def test_a_client_that_leaves_before_its_first_token_ends_its_answer_at_once(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], ring3: list[AgentProcess], fleet: Fleet,
+) -> None:
+    """The agent watches the connection, not only the writes: a client gone during the prompt's step ends
+    the answer before any token is computed for it, and its place is freed on every stage."""
+    agent, endpoint = chat_agent
+    observer = fleet.identity("observer")
+
+    def kept() -> int:
+        return int(status(agent.address, observer)["chat"]["kept"])  # type: ignore[index]
+
+    async def ask_and_leave() -> None:
+        _, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        writer.write(_request(endpoint, LONG_PROMPT * 8, 200).to_line())
+        await writer.drain()
+        writer.close()  # at once: the long prompt is still being computed
+        await writer.wait_closed()
+
+    asyncio.run(ask_and_leave())
+    wait_for(lambda: "chat client left before its first token" in agent.log_text(), 20, "the agent to notice")
+    wait_for(lambda: status(agent.address, observer)["local_chats"] == kept(), 20, "the chat agent to free its place")
+    for stage in ring3[1:]:
+        wait_for(lambda stage=stage: len(status(stage.address, observer)["sessions"]) == kept(), 20,
+                 f"stage {stage.stage} to free the chat's session")
+
+
 def test_agent_off_stage_zero_heads_chats_through_token_ids(
     ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
     reference: Callable[[str], list[int]], tmp_path: Path,
@@ -365,13 +392,14 @@ def test_next_turn_continues_the_kept_session_and_it_expires(
                  f"stage {stage.stage} to free the kept session")
 
 
-def test_a_stage_full_of_others_makes_a_kept_session_give_its_place_up(
+def test_a_full_stage_evicts_a_parked_kept_session_for_a_new_one(
     chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[..., list[int]],
     exported: Callable[..., Path], ring3: list[AgentProcess], fleet: Fleet,
 ) -> None:
-    """Another head holds all but one place on ring3's stages, and this agent's kept session the last one:
-    a new chat is turned away by stage 1 as busy, the kept session gives its place up, and the chat is
-    answered after all."""
+    """A kept session is parked on ring3's stages. Another head holds every other place there: its next
+    session is not turned away as busy, stage 1 evicts the parked one for it, and the conversation's next
+    turn starts afresh with the pipeline's answer. Kept again, the session holds the last place once more,
+    and this agent's own new chat evicts it the same way."""
     from agent.head.ring_client import RingClient
     from agent.transport.tls import client_context
     from tests.integration.conftest import RING_MAX_SESSIONS
@@ -380,25 +408,112 @@ def test_a_stage_full_of_others_makes_a_kept_session_give_its_place_up(
     observer = fleet.identity("observer")
     folder = exported(3, "fp32")
     tokenizer = ChatTokenizer(folder / "tokenizer")
-    expected = reference(PROMPTS[1])
+    opening = (("user", LONG_PROMPT),)
+    first_text = tokenizer.decode(reference(opening))
+    conversation = (*opening, ("assistant", first_text), ("user", "Say it again, in fewer words."))
+    expected_second = reference(conversation)
     identity = fleet.identity("other-head")
+    stage1 = ring3[1]
 
-    async def run() -> list[ChatEvent]:
-        # kept: a long answer, of which the next chat shares only the template's opening
-        assert len(_tokens(await _events(endpoint, _request(endpoint, LONG_PROMPT, 64)))) == 64
+    def evictions() -> int:
+        return int(status(stage1.address, observer)["evicted"])  # type: ignore[arg-type]
+
+    async def run() -> None:
+        assert _tokens(await _events(endpoint, ChatRequest(token=endpoint.token, messages=opening,
+                                                           max_tokens=MAX_TOKENS))) == reference(opening)
+        await asyncio.to_thread(wait_for, lambda: status(stage1.address, observer)["parked"] == 1, 10,
+                                "stage 1 to hear that the kept session is parked")
+        before = await asyncio.to_thread(evictions)
         client = RingClient(Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity),
                             identity.name)
         await client.connect()
         try:
             ids = tokenizer.encode_chat([{"role": "user", "content": PROMPTS[2]}])
+            others = [client.session(SamplingParams()) for _ in range(RING_MAX_SESSIONS)]
+            answers = [await session.step(ids, 0, last_only=True) for session in others]  # the last evicts
+            assert len({int(a.top1[-1]) for a in answers}) == 1  # type: ignore[index]  # all served alike
+            assert await asyncio.to_thread(evictions) == before + 1
+            held = await asyncio.to_thread(status, stage1.address, observer)
+            assert len(held["sessions"]) == RING_MAX_SESSIONS and held["parked"] == 0  # type: ignore[arg-type]
+            assert "evicted after" in stage1.log_text()
+            for session in others:
+                await session.close()
+            # the evicted conversation goes on: afresh, with the pipeline's answer to all of it
+            second = await _events(endpoint, ChatRequest(token=endpoint.token, messages=conversation,
+                                                         max_tokens=MAX_TOKENS))
+            assert _tokens(second) == expected_second
+            assert second[-1].stats["cached_tokens"] == 0, second[-1].stats  # type: ignore[index]
+            assert "a kept chat session is gone" in agent.log_text()
+
+            # kept again, and the stages full of the other head's sessions but for that one place
             others = [client.session(SamplingParams()) for _ in range(RING_MAX_SESSIONS - 1)]
             for session in others:
-                await session.step(ids, 0, last_only=True)  # the session is open on every stage now
-            held = await asyncio.to_thread(status, ring3[1].address, observer)
-            assert len(held["sessions"]) == RING_MAX_SESSIONS  # type: ignore[arg-type]  # the others and the kept one
-            return await _events(endpoint, _request(endpoint, PROMPTS[1]))
+                await session.step(ids, 0, last_only=True)
+            await asyncio.to_thread(wait_for, lambda: status(stage1.address, observer)["parked"] == 1, 10,
+                                    "the kept session to be parked again")
+            events = await _events(endpoint, _request(endpoint, PROMPTS[1]))  # another conversation
+            assert _tokens(events) == reference(PROMPTS[1])
+            assert await asyncio.to_thread(evictions) == before + 2
         finally:
             await client.close()
 
-    assert _tokens(asyncio.run(run())) == expected
-    assert "turned the chat away as busy" in agent.log_text()
+    asyncio.run(run())
+
+
+def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
+    reference: Callable[..., list[int]], exported: Callable[..., Path], ring3: list[AgentProcess], fleet: Fleet,
+    cache_dir: Path, tmp_path: Path,
+) -> None:
+    """The eviction crosses the next turn on the wire: a chat agent whose link to stage 1 is slowed (a delay
+    proxy) takes its kept session over before the ERROR ``evicted`` reaches it; the resumed step fails
+    with it, and the turn starts afresh with the pipeline's answer instead of failing."""
+    from agent.bench.delay_proxy import DelayProxy
+    from agent.head.ring_client import RingClient
+    from agent.transport.tls import client_context
+    from tests.integration.conftest import RING_MAX_SESSIONS
+
+    folder = exported(3, "fp32")
+    tokenizer = ChatTokenizer(folder / "tokenizer")
+    opening = (("user", LONG_PROMPT),)
+    conversation = (*opening, ("assistant", tokenizer.decode(reference(opening))),
+                    ("user", "Say it again, in fewer words."))
+    expected = reference(conversation)
+    identity = fleet.identity("evicting-head")
+    last = ring3[2].address
+
+    async def run() -> None:
+        async with DelayProxy(ring3[1].address) as proxy:
+            agent = await asyncio.to_thread(
+                start_agent, folder, 0, fleet.identity("slow-link-chat"), cache_dir, next_address=proxy.address,
+                extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "chat.json"),
+                       "--ring-last", f"{last[0]}:{last[1]}"])
+            client = RingClient(Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity),
+                                identity.name)
+            try:
+                endpoint = ChatEndpoint.load(tmp_path / "chat.json")
+                first = await _events(endpoint, ChatRequest(token=endpoint.token, messages=opening,
+                                                            max_tokens=MAX_TOKENS))
+                assert _tokens(first) == reference(opening)
+                await asyncio.sleep(0.5)  # the PARK reaches stage 1
+                proxy.delay = 1.5  # from now on, stage 1's word takes 1.5 s to reach the chat agent
+                await client.connect()
+                ids = tokenizer.encode_chat([{"role": "user", "content": PROMPTS[2]}])
+                others = [client.session(SamplingParams()) for _ in range(RING_MAX_SESSIONS)]
+                for session in others:  # the last one evicts the parked session from the full stage 1
+                    await session.step(ids, 0, last_only=True)
+                for session in others:  # room again before the turn's fresh session arrives
+                    await session.close()
+                second = asyncio.create_task(_events(endpoint, ChatRequest(
+                    token=endpoint.token, messages=conversation, max_tokens=MAX_TOKENS)))
+                await asyncio.to_thread(wait_for, lambda: "evicted as the chat took it over" in agent.log_text(), 10,
+                                        "the resumed step to fail with the eviction")
+                proxy.delay = 0.0
+                events = await second
+                assert "chat resumes a kept session" in agent.log_text()
+                assert _tokens(events) == expected
+                assert events[-1].stats["cached_tokens"] == 0, events[-1].stats  # type: ignore[index]
+            finally:
+                await client.close()
+                await asyncio.to_thread(agent.stop)
+
+    asyncio.run(run())

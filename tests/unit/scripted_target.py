@@ -41,6 +41,9 @@ class ScriptedTarget:
         self.computed = 0
         """Positions fed, all told (what a stage would have computed)."""
         self.closed = False
+        self.evicted = False
+        """Set by a test: a stage gave the session's place away while it was parked."""
+        self.parked = 0
         self.max_in_flight = 0
         self._in_flight = 0
 
@@ -83,7 +86,10 @@ class ScriptedTarget:
         return self.elsewhere
 
     def usable(self) -> bool:
-        return not self.closed
+        return not self.closed and not self.evicted
+
+    async def park(self) -> None:
+        self.parked += 1
 
     async def close(self) -> None:
         self.closed = True

@@ -31,10 +31,10 @@ class Places:
         return KeptConversations("n", keep_seconds, keep_max, self.release)
 
 
-def keep(kept: KeptConversations, conversation: KeptConversation, prompt: list[int] | None = None) -> bool:
+async def keep(kept: KeptConversations, conversation: KeptConversation, prompt: list[int] | None = None) -> bool:
     """Keep ``conversation`` as the answer to ``prompt`` (default: the first half of what it holds)."""
     held = conversation.target.held
-    return kept.keep(conversation, held[: len(held) // 2] if prompt is None else prompt)
+    return await kept.keep(conversation, held[: len(held) // 2] if prompt is None else prompt)
 
 
 def test_a_turn_takes_the_session_of_the_conversation_it_continues() -> None:
@@ -45,7 +45,7 @@ def test_a_turn_takes_the_session_of_the_conversation_it_continues() -> None:
         long = places.conversation([1, 2, 3, 4, 5, 6, 7, 8])  # the answer to [1, 2, 3, 4]
         other = places.conversation([9, 9, 9, 9])  # the answer to [9, 9]
         for conversation in (short, long, other):
-            assert keep(kept, conversation)
+            assert await keep(kept, conversation)
         # continues both short's and long's conversations: long holds more of it
         taken = kept.take([1, 2, 3, 4, 5, 6, 7, 8, 20, 21], GREEDY)
         assert taken is long and len(kept) == 2
@@ -66,8 +66,8 @@ def test_other_sampling_or_a_lost_ring_starts_afresh() -> None:
         kept = places.keeper(60.0, 2)
         warm = places.conversation([1, 2, 3, 4], SamplingParams(temperature=0.7, seed=1))
         lost = places.conversation([5, 6, 7, 8])
-        keep(kept, warm)
-        keep(kept, lost)
+        await keep(kept, warm)
+        await keep(kept, lost)
         assert kept.take([1, 2, 3, 4, 10], GREEDY) is None  # the stages sample with what the session opened with
         assert kept.take([1, 2, 3, 4, 10], SamplingParams(temperature=0.7, seed=2)) is warm  # the seed is the head's
         await lost.target.inner.close()  # as a lost ring fails its sessions
@@ -83,14 +83,14 @@ def test_kept_sessions_are_few_and_expire() -> None:
         places = Places()
         kept = places.keeper(0.05, 1)
         first, second = places.conversation([1, 2]), places.conversation([3, 4])
-        keep(kept, first)
-        keep(kept, second)  # one at most: the older gives its place up
+        await keep(kept, first)
+        await keep(kept, second)  # one at most: the older gives its place up
         await asyncio.sleep(0)
         assert len(kept) == 1 and places.held == 1 and first.target.inner.closed  # type: ignore[attr-defined]
         await asyncio.sleep(0.2)
         assert len(kept) == 0 and places.held == 0 and second.target.inner.closed  # type: ignore[attr-defined]
         third = places.conversation([5, 6])
-        keep(kept, third)
+        await keep(kept, third)
         freed = kept.evict_oldest()
         assert freed is not None and places.held == 0
         await freed
@@ -105,7 +105,7 @@ def test_keeping_off_keeps_nothing() -> None:
     async def go() -> None:
         places = Places()
         kept = places.keeper(0.0, 4)
-        assert not keep(kept, places.conversation([1, 2]))
+        assert not await keep(kept, places.conversation([1, 2]))
         assert len(kept) == 0
 
     asyncio.run(go())
@@ -128,3 +128,47 @@ def test_the_session_table_asks_for_a_kept_place_before_refusing() -> None:
     assert table.reserve() and freed == [1] and table.local == 2
     table.reclaim = lambda: False
     assert not table.make_room()
+
+
+def test_a_full_table_evicts_the_session_parked_longest_ago_and_never_an_active_one() -> None:
+    from agent.node.sessions import SessionState, SessionTable
+    from agent.wire.messages import SessionOpen
+
+    evicted: list[int] = []
+    table = SessionTable(3, on_evict=lambda state: evicted.append(state.id))
+
+    def add(session: int, parked_at: float | None = None) -> None:
+        table.add(SessionState(session, SessionOpen(head_id=1), [], None, parked_at=parked_at))
+
+    add(1)
+    add(2)
+    table.reserve()  # one of the agent's own chats
+    assert not table.make_room() and evicted == []  # every place is active
+    table.sessions[2].parked_at = 20.0
+    table.sessions[1].parked_at = 10.0
+    assert table.parked() == 2
+    assert table.make_room() and evicted == [1] and set(table.sessions) == {2} and table.evicted == 1
+    add(3)
+    table.sessions[2].parked_at = None  # its head took it up again: a step arrived
+    assert not table.make_room() and evicted == [1]
+
+    # the agent's own kept chats give their places up first: they are its own to give
+    table.sessions[2].parked_at = 5.0
+    table.reclaim = lambda: (table.release(), True)[1]
+    assert table.make_room() and evicted == [1] and table.local == 0
+
+
+def test_keeping_parks_the_session_and_an_evicted_one_gives_its_place_up_first() -> None:
+    async def go() -> None:
+        places = Places()
+        kept = places.keeper(60.0, 2)
+        older, newer = places.conversation([1, 2]), places.conversation([3, 4])
+        assert await keep(kept, older) and await keep(kept, newer)
+        assert older.target.inner.parked == newer.target.inner.parked == 1  # type: ignore[attr-defined]
+        newer.target.inner.evicted = True  # type: ignore[attr-defined]  # a stage gave its place away
+        assert kept.give_up_place() and places.held == 1 and len(kept) == 1
+        assert kept.take([1, 2, 9], GREEDY) is older  # the older one, still whole, stays kept till then
+        assert not kept.give_up_place()
+        await kept.close_all()
+
+    asyncio.run(go())

@@ -28,14 +28,15 @@ def test_tensor_round_trip_in_pieces() -> None:
     hidden = np.random.default_rng(0).standard_normal((1, 3, 8)).astype(np.float32)
     frame = Frame.tensor(FrameType.STEP, hidden, session=7, step=2, position=40, count=3, rewind=1,
                          flags=StepFlags.LAST_ONLY)
-    data = _bytes(frame) + _bytes(Frame(FrameType.CLOSE, session=7))
+    data = _bytes(frame) + _bytes(Frame(FrameType.PARK, session=7)) + _bytes(Frame(FrameType.CLOSE, session=7))
     decoder = FrameDecoder()
     frames = []
     for i in range(0, len(data), 5):  # arrives in 5-byte pieces
         decoder.receive_data(data[i : i + 5])
         while (got := decoder.next_frame()) is not None:
             frames.append(got)
-    assert [f.type for f in frames] == [FrameType.STEP, FrameType.CLOSE]
+    assert [f.type for f in frames] == [FrameType.STEP, FrameType.PARK, FrameType.CLOSE]
+    assert frames[1].session == 7
     step = frames[0]
     assert (step.session, step.step, step.position, step.count, step.rewind) == (7, 2, 40, 3, 1)
     assert step.flags & StepFlags.LAST_ONLY
@@ -57,6 +58,7 @@ def test_cap_is_checked_from_the_header_alone() -> None:
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"version": 9}, "version 9"),
+    ({"version": 1}, "version 1"),  # before PARK: an agent that could not follow a parked session
     ({"type_": 99}, "unknown frame type"),
     ({"dtype": 42}, "unknown payload dtype"),
     ({"ndim": 5}, "bad payload shape"),
@@ -124,3 +126,21 @@ def test_messages_round_trip_and_are_validated() -> None:
         SessionOpen.from_json(b'{"head_id": 1, "temperature": -1}')
     with pytest.raises(RemoteProtocolError, match="not JSON"):
         ErrorReport.from_json(b"\xff")
+
+
+def test_an_evicted_session_fails_at_its_head_as_evicted() -> None:
+    from agent.errors import SessionEvictedError
+    from agent.head.ring_client import _error
+
+    frame = ErrorReport("evicted", "s1 gave the place of this session to a new session", "s1").to_frame(5)
+    assert isinstance(_error(parse(_decoded(frame), ErrorReport)), SessionEvictedError)
+    with pytest.raises(RemoteProtocolError):
+        parse(Frame.message(FrameType.ERROR, b'{"code": "gone", "message": "x"}'), ErrorReport)
+
+
+def _decoded(frame: Frame) -> Frame:
+    decoder = FrameDecoder()
+    decoder.receive_data(_bytes(frame))
+    got = decoder.next_frame()
+    assert got is not None
+    return got
