@@ -9,7 +9,8 @@ over its own connection to it. An agent holding every stage answers without a ri
 
 A chat takes one of the agent's ``max_sessions`` places for as long as it runs (its KV state lives on
 this agent's stages): when all are taken the user gets "fleet busy", and nobody else is affected.
-A client that disconnects cancels its answer, and every stage frees the session.
+A client that disconnects cancels its answer, and every stage frees the session. A ring lost mid-answer
+does not lose the answer: once the ring is back, its history is replayed into a fresh session.
 
 An answer that ends normally leaves its session on the stages for a while (``agent.chat.kept``): the
 conversation's next turn, which repeats everything before its new message, then computes only that
@@ -27,7 +28,7 @@ import secrets
 import ssl
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,16 @@ REQUEST_TIMEOUT = 10.0
 """A client must send its request line within this long after connecting."""
 RING_TIMEOUT = 15.0
 """How long a chat waits for the rest of the ring to be reachable before it fails."""
+MAX_REPLAYS = 3
+"""Times one answer is replayed into a fresh session after losing its ring (``ChatService._tokens``)."""
+
+
+@dataclass
+class AnswerTally:
+    """What an answer went through besides its tokens (reported in its ``done`` event)."""
+
+    replays: int = 0
+    """Fresh sessions its history was replayed into after the ring was lost."""
 
 
 class ChatService:
@@ -79,6 +90,8 @@ class ChatService:
         self._http: OpenAIEndpoint | None = None
         self._answers = OwnedTasks()
         self.answered = 0
+        self.replayed = 0
+        """Answers' histories replayed into fresh sessions after a lost ring, all told."""
         self.kept = KeptConversations(self.node, config.chat_keep, config.chat_keep_max, server.table.release)
         server.table.reclaim = self.kept.give_up_place
 
@@ -136,7 +149,8 @@ class ChatService:
                 "answered": self.answered,
                 "running": self.server.table.local - len(self.kept), "local_steps": client.local_steps if client else 0,
                 "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0,
-                "kept": len(self.kept), "resumed": self.kept.resumed, "reused_tokens": self.kept.reused_tokens}
+                "kept": len(self.kept),
+                "replayed": self.replayed, "resumed": self.kept.resumed, "reused_tokens": self.kept.reused_tokens}
 
     # -- one client connection -----------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -208,13 +222,14 @@ class ChatService:
                                   "sessions; try again later")
             return
         stats = DecodeStats()
+        tally = AnswerTally()
         started = time.perf_counter()
         finished = False
         try:
             if conversation is None:
                 conversation = await self._open(request)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
-            async with contextlib.aclosing(self._tokens(conversation, prompt_ids, request, stats)) as tokens:
+            async with contextlib.aclosing(self._tokens(conversation, prompt_ids, request, stats, tally)) as tokens:
                 async for event in tokens:
                     yield event
             finished = True
@@ -250,34 +265,53 @@ class ChatService:
         yield ChatEvent("done", stats={"tokens": stats.tokens, "seconds": round(seconds, 4),
                                        "steps": stats.steps + 1, "drafted": stats.drafted,
                                        "accepted": stats.accepted, "median_k": stats.median_k,
-                                       "prompt_tokens": len(prompt_ids), "cached_tokens": cached})
+                                       "prompt_tokens": len(prompt_ids), "cached_tokens": cached,
+                                       "replays": tally.replays})
 
     async def _tokens(self, conversation: KeptConversation, prompt_ids: list[int], request: ChatRequest,
-                      stats: DecodeStats) -> AsyncIterator[ChatEvent]:
-        """The token events of one answer. A kept session that a stage evicted (it gave the place to a new
-        session) as this turn took it over fails at its first step: the answer then starts afresh."""
+                      stats: DecodeStats, tally: AnswerTally) -> AsyncIterator[ChatEvent]:
+        """The token events of one answer, which survives two failures without the user losing it:
+
+        - a kept session that a stage evicted (it gave the place to a new session) as this turn took it over
+          fails at its first step: the answer starts afresh;
+        - the ring lost mid-answer (a stage's PC went away, or its agent restarted): once the ring answers
+          again (``open_session`` reconnects, for up to ``RING_TIMEOUT``), the answer's history, its prompt
+          and the tokens sent so far, is replayed into a fresh session, which rebuilds the KV state on every
+          stage, and decoding goes on where it stopped. The user sees a pause. In f32 the tokens are those of
+          an answer never interrupted; in lower precisions a history computed in one step rounds like a
+          prompt, not like the steps it was made of, and sampling starts its random stream again.
+        """
         tokenizer = self.tokenizer
         assert tokenizer is not None
+        stream = TextStream(tokenizer)
+        sent: list[int] = []
         while True:
-            stream = TextStream(tokenizer)
-            tokens = decode(conversation.target, prompt_ids, max_tokens=request.max_tokens,
+            history = prompt_ids + sent
+            tokens = decode(conversation.target, history, max_tokens=request.max_tokens - len(sent),
                             stop_ids=tokenizer.stop_ids, params=request.sampling,
                             context_tokens=self.server.manifest.context_tokens,
                             drafter=self.drafters.new(request.sampling), k_policy=AdaptiveK(),
                             executor=self.server.executor, stats=stats, turn=conversation.turn)
-            produced = False
             resumed = bool(conversation.target.held)  # a kept session taken over, not a fresh one
             try:
                 async with contextlib.aclosing(tokens):  # a client that leaves ends the loop now
                     async for token in tokens:
-                        produced = True
+                        sent.append(token)
                         yield ChatEvent("token", id=token, text=stream.push(token))
                 return
             except SessionEvictedError:
-                if produced or not resumed:
+                if sent or not resumed:
                     raise
-            log.info("node=%s the kept session was evicted as the chat took it over: the chat starts afresh",
-                     self.node)
+                log.info("node=%s the kept session was evicted as the chat took it over: the chat starts afresh",
+                         self.node)
+            except PeerUnavailableError as exc:
+                if tally.replays >= MAX_REPLAYS or self._holds_all:
+                    raise
+                tally.replays += 1
+                self.replayed += 1
+                log.warning("node=%s ring lost after %d tokens of an answer (%s): replaying its history into a "
+                            "fresh session once the ring is back (%d of %d)", self.node, len(sent), exc,
+                            tally.replays, MAX_REPLAYS)
             await conversation.target.close()
             fresh = await self._open(request)
             conversation.target, conversation.turn = fresh.target, fresh.turn

@@ -61,27 +61,27 @@ def chat_agent(ring3: list[AgentProcess], exported: Callable[..., Path], fleet: 
 
 @pytest.fixture(scope="module")
 def reference(exported: Callable[..., Path], cache_dir: Path) -> Callable[..., list[int]]:
-    """Greedy answer of the in-process fp32 pipeline, ending at a stop token or after MAX_TOKENS, to a
-    prompt or to a conversation of (role, content) turns."""
+    """Greedy answer of the in-process fp32 pipeline, ending at a stop token or after MAX_TOKENS (or the
+    number given), to a prompt or to a conversation of (role, content) turns."""
     folder = exported(3, "fp32")
     tokenizer = ChatTokenizer(folder / "tokenizer")
     pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
     answers: dict[object, list[int]] = {}
 
-    def answer(prompt: str | tuple[tuple[str, str], ...]) -> list[int]:
+    def answer(prompt: str | tuple[tuple[str, str], ...], max_tokens: int = MAX_TOKENS) -> list[int]:
         turns = (("user", prompt),) if isinstance(prompt, str) else prompt
-        if prompt not in answers:
+        if (prompt, max_tokens) not in answers:
             async def run() -> list[int]:
                 target = LocalTarget(pipeline.new_session(), SamplingParams())
                 ids = tokenizer.encode_chat([{"role": role, "content": content} for role, content in turns])
                 try:
-                    return [t async for t in decode(target, ids, max_tokens=MAX_TOKENS, stop_ids=tokenizer.stop_ids,
+                    return [t async for t in decode(target, ids, max_tokens=max_tokens, stop_ids=tokenizer.stop_ids,
                                                     params=SamplingParams(), context_tokens=2048)]
                 finally:
                     await target.close()
 
-            answers[prompt] = asyncio.run(run())
-        return answers[prompt]
+            answers[prompt, max_tokens] = asyncio.run(run())
+        return answers[prompt, max_tokens]
 
     return answer
 
@@ -517,3 +517,44 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
                 await asyncio.to_thread(agent.stop)
 
     asyncio.run(run())
+
+
+def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
+    reference: Callable[..., list[int]], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """The last stage's agent is killed mid-answer (no goodbye) and started again at its address: the chat
+    agent replays the answer's history into a fresh session, and the client gets the whole answer, token
+    for token that of a ring never interrupted, after a pause."""
+    folder = exported(2, "fp32")
+    listen = f"127.0.0.1:{free_port()}"
+    tokens = 160
+    expected = reference(LONG_PROMPT, tokens)
+    assert len(expected) == tokens  # the story outlasts the budget: the kill lands mid-answer
+    last = start_agent(folder, 1, fleet.identity("replay-last"), cache_dir, listen=listen)
+    agent = start_agent(folder, 0, fleet.identity("replay-chat"), cache_dir, next_address=last.address,
+                        extra=["--precision", "f32", "--chat", "127.0.0.1:0",
+                               "--chat-file", str(tmp_path / "chat.json")])
+    agents = [agent, last]
+
+    async def run() -> list[ChatEvent]:
+        endpoint = ChatEndpoint.load(tmp_path / "chat.json")
+        events: list[ChatEvent] = []
+        async for event in ask(endpoint, _request(endpoint, LONG_PROMPT, tokens)):
+            events.append(event)
+            if len(events) == 8:
+                last.process.kill()  # as a PC switched off: no goodbye
+                last.process.wait(10)
+                agents.append(await asyncio.to_thread(start_agent, folder, 1, fleet.identity("replay-last"),
+                                                      cache_dir, listen=listen))
+        return events
+
+    try:
+        events = asyncio.run(run())
+        assert _tokens(events) == expected
+        assert events[-1].stats["replays"] == 1, events[-1].stats  # type: ignore[index]
+        assert "replaying its history into a fresh session" in agent.log_text()
+        assert status(agent.address, fleet.identity("observer"))["chat"]["replayed"] == 1  # type: ignore[index]
+    finally:
+        for each in agents:
+            each.stop()
