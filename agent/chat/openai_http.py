@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import h11
 
 from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
+from agent.chat.watch import ClientWatch
 from agent.transport.tasks import OwnedTasks
 
 if TYPE_CHECKING:
@@ -63,9 +64,11 @@ class OpenAIEndpoint:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._tasks.adopt()
         connection = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
+        watch: ClientWatch | None = None
         try:
             try:
                 request, body = await asyncio.wait_for(_read_request(connection, reader), READ_TIMEOUT)
+                watch = ClientWatch.start(reader)  # one request per connection: nothing more comes
                 await self._route(connection, writer, request, body)
             except HTTPError as exc:
                 log.warning("node=%s HTTP request refused: %s: %s", self.service.node, exc.code, exc)
@@ -74,11 +77,17 @@ class OpenAIEndpoint:
             except (h11.RemoteProtocolError, TimeoutError) as exc:
                 if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     await _send_json(connection, writer, 400, _error_body("bad_request", f"bad HTTP request: {exc}"))
+        except asyncio.CancelledError:
+            if watch is None or not watch.absorbed():
+                raise
+            log.info("node=%s HTTP client left before its answer was complete", self.service.node)
         except (ConnectionError, asyncio.IncompleteReadError):
             log.info("node=%s HTTP client left before its answer was complete", self.service.node)
         except Exception:  # a bug must not go unanswered, nor take the agent down
             log.exception("node=%s HTTP request failed unexpectedly", self.service.node)
         finally:
+            if watch is not None:
+                watch.stop()
             writer.close()
             with contextlib.suppress(ConnectionError, asyncio.CancelledError):
                 await writer.wait_closed()

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.kept import KeptConversation, KeptConversations
 from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
+from agent.chat.watch import ClientWatch
 from agent.errors import FleetBusyError, PeerUnavailableError, RingError, SessionEvictedError
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.chat import ChatTokenizer, PromptTooLongError, TextStream
@@ -155,10 +156,10 @@ class ChatService:
     # -- one client connection -----------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._answers.adopt()
-        watch: _ClientWatch | None = None
+        watch: ClientWatch | None = None
         try:
             request = await self._read_request(reader)
-            watch = _ClientWatch.start(reader)
+            watch = ClientWatch.start(reader)
             async with contextlib.aclosing(self.answer(request)) as events:
                 async for event in events:
                     writer.write(event.to_line())
@@ -166,9 +167,8 @@ class ChatService:
                     watch.answered_once = True
             watch.stop()
         except asyncio.CancelledError:
-            if watch is None or not watch.left:
+            if watch is None or not watch.absorbed():
                 raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # the client's doing, not the agent's
             log.info("node=%s chat client left before its %s", self.node,
                      "answer was complete" if watch.answered_once else "first token")
         except ChatProtocolError as exc:
@@ -356,40 +356,3 @@ class ChatService:
             last = config.ring_last or config.next
         assert first is not None and last is not None
         return first, last
-
-
-class _ClientWatch:
-    """Ends an answer as soon as its client leaves, not at the next token it would have been sent.
-
-    A client sends nothing after its request line, so an end of stream (or a reset) on the connection means
-    it left; the answer's task is then cancelled, which frees its session on every stage at once (a long
-    prompt would otherwise keep the ring busy until its first token). A client must therefore keep its
-    side open until the answer ends: closing or half-closing it cancels the answer.
-    """
-
-    def __init__(self) -> None:
-        self.left = False
-        self.answered_once = False
-        """True once an event reached the client (for the log line)."""
-        self._task: asyncio.Task[None] | None = None
-
-    @classmethod
-    def start(cls, reader: asyncio.StreamReader) -> _ClientWatch:
-        watch = cls()
-        answering = asyncio.current_task()
-        assert answering is not None
-
-        async def run() -> None:
-            with contextlib.suppress(ConnectionError):
-                while await reader.read(4096):
-                    pass
-            watch.left = True
-            answering.cancel()
-
-        watch._task = asyncio.get_running_loop().create_task(run())
-        return watch
-
-    def stop(self) -> None:
-        """The answer is over (or failed by itself): stop watching."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()

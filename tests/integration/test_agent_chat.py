@@ -245,6 +245,34 @@ def test_a_client_that_leaves_before_its_first_token_ends_its_answer_at_once(
                  f"stage {stage.stage} to free the chat's session")
 
 
+def test_an_http_client_that_gives_up_ends_its_answer_at_once(
+    chat_agent: tuple[AgentProcess, ChatEndpoint], ring3: list[AgentProcess], fleet: Fleet,
+) -> None:
+    """A whole (not streamed) answer is written only at its end: the agent still ends it as soon as the
+    client's connection closes, rather than computing it for nobody."""
+    agent, endpoint = chat_agent
+    observer = fleet.identity("observer")
+    host, port = endpoint.http.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    body = json.dumps({"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 200}).encode()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {endpoint.token}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    answered = status(agent.address, observer)["chat"]["answered"]  # type: ignore[index]
+    left = agent.log_text().count("HTTP client left")
+
+    async def give_up() -> None:
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(request)
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    asyncio.run(give_up())
+    wait_for(lambda: agent.log_text().count("HTTP client left") > left, 20, "the agent to notice")
+    assert status(agent.address, observer)["chat"]["answered"] == answered  # type: ignore[index]  # cancelled
+    kept = int(status(agent.address, observer)["chat"]["kept"])  # type: ignore[index]
+    wait_for(lambda: status(agent.address, observer)["local_chats"] == kept, 20, "the chat agent to free its place")
+
+
 def test_agent_off_stage_zero_heads_chats_through_token_ids(
     ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
     reference: Callable[[str], list[int]], tmp_path: Path,
