@@ -73,6 +73,7 @@ async def _show_status(addresses: list[tuple[str, int]], identity_dir: Path) -> 
         own = (f"; for its own chats {chat['local_steps']} steps, {chat['local_compute_seconds']:.2f} s, "  # type: ignore[index]
                f"{chat['kept']} kept for the conversation's next turn"  # type: ignore[index]
                if isinstance(chat, dict) else "")
+        open_, parked = len(s["sessions"]), int(s.get("parked", 0))  # type: ignore[arg-type]
+        held = f"{open_} session{'s' if open_ != 1 else ''} open" + (f" ({parked} parked)" if parked else "")
         print(f"  {s['node']}: layers {layers[0]}-{layers[1] - 1}, {s['steps_served']} steps, "  # type: ignore[index]
-              f"{s['compute_seconds']:.2f} s computing{own}, {len(s['sessions'])} sessions open",  # type: ignore[arg-type]
-              file=sys.stderr)
+              f"{s['compute_seconds']:.2f} s computing{own}, {held}", file=sys.stderr)
