@@ -259,7 +259,8 @@ class ChatService:
                             await asyncio.shield(conversation.target.close())
         seconds = time.perf_counter() - started
         self.answered += 1
-        cached = conversation.target.reused if conversation is not None else 0
+        # a replayed answer computed its whole history again: nothing of its prompt was reused
+        cached = conversation.target.reused if conversation is not None and not tally.replays else 0
         log.info("node=%s chat answered: %d tokens in %.2f s, %d steps, %d prompt tokens reused", self.node,
                  stats.tokens, seconds, stats.steps + 1, cached)
         yield ChatEvent("done", stats={"tokens": stats.tokens, "seconds": round(seconds, 4),
@@ -275,11 +276,12 @@ class ChatService:
         - a kept session that a stage evicted (it gave the place to a new session) as this turn took it over
           fails at its first step: the answer starts afresh;
         - the ring lost mid-answer (a stage's PC went away, or its agent restarted): once the ring answers
-          again (``open_session`` reconnects, for up to ``RING_TIMEOUT``), the answer's history, its prompt
-          and the tokens sent so far, is replayed into a fresh session, which rebuilds the KV state on every
-          stage, and decoding goes on where it stopped. The user sees a pause. In f32 the tokens are those of
-          an answer never interrupted; in lower precisions a history computed in one step rounds like a
-          prompt, not like the steps it was made of, and sampling starts its random stream again.
+          again (``open_session`` reconnects, for up to ``RING_TIMEOUT``), the steps the session was
+          answered (earlier turns of a kept conversation included) are replayed into a fresh session as they
+          were sent (``ResumableTarget.replay_into``), which rebuilds the KV state on every stage position for
+          position, and decoding goes on where it stopped. The user sees a pause; greedy tokens are those of
+          an answer never interrupted wherever speculation is exact (``RuntimeConfig.rewind``), while sampling
+          starts its random stream again.
         """
         tokenizer = self.tokenizer
         assert tokenizer is not None
@@ -309,9 +311,18 @@ class ChatService:
                     raise
                 tally.replays += 1
                 self.replayed += 1
-                log.warning("node=%s ring lost after %d tokens of an answer (%s): replaying its history into a "
+                log.warning("node=%s ring lost after %d tokens of an answer (%s): replaying its steps into a "
                             "fresh session once the ring is back (%d of %d)", self.node, len(sent), exc,
                             tally.replays, MAX_REPLAYS)
+                lost = conversation.target
+                fresh = await self._open(request)
+                conversation.target = await lost.replay_into(fresh.target.inner)
+                conversation.target.resume()  # the next prompt, history + tokens sent, rewinds to what it holds
+                conversation.turn = fresh.turn
+                await lost.close()
+                log.info("node=%s %d positions replayed: the answer goes on", self.node,
+                         len(conversation.target.held))
+                continue
             await conversation.target.close()
             fresh = await self._open(request)
             conversation.target, conversation.turn = fresh.target, fresh.turn

@@ -11,20 +11,38 @@ as always, and only the new part is computed.
 The state of a position depends on the tokens up to it and nothing else, so the reused positions are
 those a fresh session would compute; where the stages rewind exactly (``RuntimeConfig.rewind``) the
 answer is the one a fresh session gives.
+
+It also logs the steps its session was answered, as they were sent (ids, rewind), so that a session lost
+with its ring can be rebuilt on a fresh one by :meth:`ResumableTarget.replay_into`: the same steps, the
+same cuts, hence the same rounding of every position (one prompt step in its place would round otherwise
+below f32), sent back to back rather than one round trip each.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from agent.head.sampling import SamplingParams
 from agent.head.targets import Target
 from agent.runtime.readout import StepOutput
 
 
+@dataclass(frozen=True)
+class _SentStep:
+    ids: list[int]
+    rewind: int
+    last_only: bool
+    answer: asyncio.Future[StepOutput]
+
+    @property
+    def answered(self) -> bool:
+        return self.answer.done() and not self.answer.cancelled() and self.answer.exception() is None
+
+
 class ResumableTarget:
-    """A :class:`~agent.head.targets.Target` that knows the token ids its state holds."""
+    """A :class:`~agent.head.targets.Target` that knows the token ids its state holds, and how it got them."""
 
     def __init__(self, inner: Target, params: SamplingParams) -> None:
         """``params``: the sampling the session was opened with (the stages sample with it)."""
@@ -35,6 +53,7 @@ class ResumableTarget:
         self._resuming = False
         self.reused = 0
         """Positions the last resumed prompt did not have to compute."""
+        self._sent: list[_SentStep] = []
 
     def common_prefix(self, ids: Sequence[int]) -> int:
         """How many leading ``ids`` the state already holds (at most all but the last: the loop needs the
@@ -74,7 +93,22 @@ class ResumableTarget:
         # Recorded once submitted: a step the target refused holds nothing.
         del self.held[len(self.held) - rewind :]
         self.held.extend(fed)
+        self._sent.append(_SentStep(list(fed), rewind, last_only, answer))
         return answer
+
+    async def replay_into(self, fresh: Target) -> ResumableTarget:
+        """A target over ``fresh`` (a new session) whose state is what this one's answered steps built: they
+        are sent again as they were, back to back, and answered before it is returned. Steps after the first
+        one left unanswered (the ring was lost under them) are left out, as their tokens were never judged."""
+        replayed = ResumableTarget(fresh, self.params)
+        answers = []
+        for step in self._sent:
+            if not step.answered:
+                break
+            answers.append(await replayed.submit(step.ids, step.rewind, step.last_only))
+        for answer in answers:
+            await answer
+        return replayed
 
     def useful_depth(self) -> int:
         return self.inner.useful_depth()
@@ -84,4 +118,5 @@ class ResumableTarget:
 
     async def close(self) -> None:
         self.held = []
+        self._sent = []
         await self.inner.close()

@@ -547,41 +547,52 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
     asyncio.run(run())
 
 
+@pytest.mark.parametrize(("stages", "weights", "extra"), [
+    (2, "fp32", ["--precision", "f32"]),
+    # below f32 a history computed in one step would round otherwise than the steps that made it: only a
+    # replay of those steps, on one-thread stages that cut rejected drafts out, gives the same tokens
+    (3, "int4", ["--threads", "1"]),
+], ids=["fp32", "int4-one-thread"])
 def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
-    reference: Callable[..., list[int]], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    stages: int, weights: str, extra: list[str], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
     tmp_path: Path,
 ) -> None:
     """The last stage's agent is killed mid-answer (no goodbye) and started again at its address: the chat
-    agent replays the answer's history into a fresh session, and the client gets the whole answer, token
-    for token that of a ring never interrupted, after a pause."""
-    folder = exported(2, "fp32")
+    agent replays the session's steps into a fresh one, and the client gets the whole answer, token for
+    token that of the same ring never interrupted, after a pause."""
+    folder = exported(stages, weights)
     listen = f"127.0.0.1:{free_port()}"
     tokens = 160
-    expected = reference(LONG_PROMPT, tokens)
-    assert len(expected) == tokens  # the story outlasts the budget: the kill lands mid-answer
-    last = start_agent(folder, 1, fleet.identity("replay-last"), cache_dir, listen=listen)
-    agent = start_agent(folder, 0, fleet.identity("replay-chat"), cache_dir, next_address=last.address,
-                        extra=["--precision", "f32", "--chat", "127.0.0.1:0",
-                               "--chat-file", str(tmp_path / "chat.json")])
-    agents = [agent, last]
+    ring = [start_agent(folder, stages - 1, fleet.identity(f"replay-{stages - 1}"), cache_dir, listen=listen,
+                        extra=extra)]
+    for stage in reversed(range(1, stages - 1)):
+        ring.insert(0, start_agent(folder, stage, fleet.identity(f"replay-{stage}"), cache_dir,
+                                   next_address=ring[0].address, extra=extra))
+    agent = start_agent(folder, 0, fleet.identity("replay-chat"), cache_dir, next_address=ring[0].address,
+                        extra=[*extra, "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "chat.json"),
+                               "--chat-keep", "0", "--ring-last", listen])  # nothing kept: each answer afresh
+    agents = [agent, *ring]
 
-    async def run() -> list[ChatEvent]:
+    async def answer(kill_after: int | None) -> list[ChatEvent]:
         endpoint = ChatEndpoint.load(tmp_path / "chat.json")
         events: list[ChatEvent] = []
         async for event in ask(endpoint, _request(endpoint, LONG_PROMPT, tokens)):
             events.append(event)
-            if len(events) == 8:
-                last.process.kill()  # as a PC switched off: no goodbye
-                last.process.wait(10)
-                agents.append(await asyncio.to_thread(start_agent, folder, 1, fleet.identity("replay-last"),
-                                                      cache_dir, listen=listen))
+            if len(events) == kill_after:
+                ring[-1].process.kill()  # as a PC switched off: no goodbye
+                ring[-1].process.wait(10)
+                agents.append(await asyncio.to_thread(start_agent, folder, stages - 1,
+                                                      fleet.identity(f"replay-{stages - 1}"), cache_dir,
+                                                      listen=listen, extra=extra))
         return events
 
     try:
-        events = asyncio.run(run())
+        expected = _tokens(asyncio.run(answer(None)))
+        assert len(expected) == tokens  # the story outlasts the budget: the kill lands mid-answer
+        events = asyncio.run(answer(20))
         assert _tokens(events) == expected
         assert events[-1].stats["replays"] == 1, events[-1].stats  # type: ignore[index]
-        assert "replaying its history into a fresh session" in agent.log_text()
+        assert "replaying its steps into a fresh session" in agent.log_text()
         assert status(agent.address, fleet.identity("observer"))["chat"]["replayed"] == 1  # type: ignore[index]
     finally:
         for each in agents:

@@ -73,3 +73,45 @@ def test_a_resumed_prompt_is_sent_whole() -> None:
     target.resume()
     with pytest.raises(ValueError, match="no rewind"):
         asyncio.run(target.step([1, 2], 1, last_only=True))
+
+
+class StepRecorder(ScriptedTarget):
+    """Records the steps it was sent, as a stage would compute them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[tuple[list[int], int, bool]] = []
+
+    async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future:  # type: ignore[type-arg]
+        self.steps.append((list(ids), rewind, last_only))
+        return await super().submit(ids, rewind, last_only)
+
+
+def test_a_replay_sends_the_answered_steps_as_they_were_and_the_answer_goes_on() -> None:
+    async def go() -> None:
+        lost = StepRecorder()
+        target = ResumableTarget(lost, GREEDY)
+        prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
+        sent = [t async for t in decode(target, prompt, max_tokens=25, stop_ids=frozenset(), params=GREEDY,
+                                        context_tokens=4096, drafter=NGramDrafter(),
+                                        k_policy=AdaptiveK(k_max=6, k_initial=3))]
+        assert any(rewind for _, rewind, _ in lost.steps)  # rejected drafts were rewound: the log must keep that
+        fresh = StepRecorder()
+        replayed = await target.replay_into(fresh)
+        assert fresh.steps == lost.steps and fresh.held == lost.held and replayed.held == target.held
+        replayed.resume()  # the answer goes on from its history: only its last token is fed again
+        more = [t async for t in decode(replayed, prompt + sent, max_tokens=15, stop_ids=frozenset(), params=GREEDY,
+                                        context_tokens=4096, drafter=NGramDrafter())]
+        assert sent + more == plain_greedy(prompt, 40)
+        assert fresh.steps[len(lost.steps)][0] == [sent[-1]]
+
+        # a step never answered (the ring was lost under it) is not replayed, nor anything after it
+        pending: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        target._sent.append(type(target._sent[0])([9], 0, False, pending))  # type: ignore[arg-type]
+        target._sent.append(target._sent[0])
+        again = StepRecorder()
+        await target.replay_into(again)
+        assert again.steps == lost.steps
+        pending.cancel()
+
+    asyncio.run(go())
