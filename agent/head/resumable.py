@@ -29,16 +29,17 @@ from agent.head.targets import Target
 from agent.runtime.readout import StepOutput
 
 
-@dataclass(frozen=True)
+@dataclass
 class _SentStep:
+    """One step as it was sent; whether it was answered (the answer itself is not kept)."""
+
     ids: list[int]
     rewind: int
     last_only: bool
-    answer: asyncio.Future[StepOutput]
+    answered: bool = False
 
-    @property
-    def answered(self) -> bool:
-        return self.answer.done() and not self.answer.cancelled() and self.answer.exception() is None
+    def note(self, answer: asyncio.Future[StepOutput]) -> None:
+        self.answered = not answer.cancelled() and answer.exception() is None
 
 
 class ResumableTarget:
@@ -93,7 +94,9 @@ class ResumableTarget:
         # Recorded once submitted: a step the target refused holds nothing.
         del self.held[len(self.held) - rewind :]
         self.held.extend(fed)
-        self._sent.append(_SentStep(list(fed), rewind, last_only, answer))
+        sent = _SentStep(list(fed), rewind, last_only)
+        answer.add_done_callback(sent.note)
+        self._sent.append(sent)
         return answer
 
     async def replay_into(self, fresh: Target) -> ResumableTarget:
