@@ -61,6 +61,8 @@ def answer_summary(done: ChatEvent) -> str:
             f"{stats['accepted']} of {stats['drafted']} drafted tokens accepted")
     if stats.get("cached_tokens"):
         line += f", {stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens kept from the last turn"
+    if stats.get("replays"):
+        line += f", the ring lost and its session replayed {stats['replays']} time(s)"
     return line
 
 

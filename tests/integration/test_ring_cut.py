@@ -4,6 +4,7 @@ The agents and the head run in network namespaces of their own (``netlab``); the
 cut off in the middle of an answer, so its peers receive neither FIN nor RST. Nothing may hang: the head
 fails that answer within seconds (keepalive and ``TCP_USER_TIMEOUT`` on every ring socket), stage 0 notices
 its lost successor and frees the session, and once the cable is back the ring re-forms and answers as before.
+A chat headed by an agent goes further: it waits for the cable and finishes the answer it was giving.
 """
 
 from __future__ import annotations
@@ -102,4 +103,50 @@ def test_a_stage_cut_off_mid_answer_fails_that_answer_and_the_ring_heals(
     finally:
         netlab.restore(2)
         first.stop()
+        last.stop()
+
+
+def test_a_chat_cut_off_from_its_last_stage_pauses_and_goes_on_once_it_is_back(
+    netlab: NetLab, exported: Callable[..., Path], fleet: Fleet, cache_dir: Path, tmp_path: Path,
+) -> None:
+    """The agent of the PC the user chats from (host 1) heads the chat; the last stage's host is cut off in
+    the middle of the answer and plugged back in a few seconds later. The answer does not fail: the agent
+    notices the cut, reconnects once the host is back, replays the session's steps, and ``shoal ask`` prints
+    the whole answer, the same text as without the cut."""
+    folder = exported(2, "fp32")
+    last_address = (netlab.ip(2), 7101)
+    chat_file = tmp_path / "chat.json"
+    last = start_agent(folder, 1, fleet.identity("lab-chat-node1"), cache_dir, listen=f"{last_address[0]}:7101",
+                       wrapper=netlab.command(2, []))
+    chat = start_agent(folder, 0, fleet.identity("lab-chat-node0"), cache_dir, listen=f"{netlab.ip(1)}:7100",
+                       next_address=last_address, wrapper=netlab.command(1, []),
+                       extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(chat_file),
+                              "--chat-keep", "0"])
+    ask = netlab.command(1, [sys.executable, "-m", "agent.cli.main", "ask", LONG, "--max-tokens", "160",
+                             "--chat-file", str(chat_file)])
+    try:
+        plain = subprocess.run(ask, capture_output=True, text=True, timeout=180)
+        assert plain.returncode == 0, plain.stderr
+
+        answer = subprocess.Popen(ask, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert answer.stdout is not None and answer.stderr is not None
+            head = answer.stdout.read(24)
+            assert head, "the answer produced no text"  # it is streaming now
+            netlab.cut(2)
+            wait_for(lambda: any("ring lost after" in line for line in chat.log), NOTICE_WITHIN,
+                     "the chat agent to notice the cut")
+            netlab.restore(2)
+            rest = answer.stdout.read()  # through the same buffer as the head (communicate() would skip it)
+            errors = answer.stderr.read()
+            answer.wait(30)
+        finally:
+            netlab.restore(2)
+            if answer.poll() is None:
+                answer.kill()
+        assert answer.returncode == 0, errors
+        assert head + rest == plain.stdout
+        assert "replayed 1 time(s)" in errors, errors
+    finally:
+        chat.stop()
         last.stop()
