@@ -165,7 +165,6 @@ class ChatService:
                     writer.write(event.to_line())
                     await writer.drain()
                     watch.answered_once = True
-            watch.stop()
         except asyncio.CancelledError:
             if watch is None or not watch.absorbed():
                 raise
@@ -306,6 +305,7 @@ class ChatService:
                     raise
                 log.info("node=%s the kept session was evicted as the chat took it over: the chat starts afresh",
                          self.node)
+                replay = False
             except PeerUnavailableError as exc:
                 if tally.replays >= MAX_REPLAYS or self._holds_all:
                     raise
@@ -314,18 +314,15 @@ class ChatService:
                 log.warning("node=%s ring lost after %d tokens of an answer (%s): replaying its steps into a "
                             "fresh session once the ring is back (%d of %d)", self.node, len(sent), exc,
                             tally.replays, MAX_REPLAYS)
-                lost = conversation.target
-                fresh = await self._open(request)
-                conversation.target = await lost.replay_into(fresh.target.inner)
-                conversation.target.resume()  # the next prompt, history + tokens sent, rewinds to what it holds
-                conversation.turn = fresh.turn
-                await lost.close()
-                log.info("node=%s %d positions replayed: the answer goes on", self.node,
-                         len(conversation.target.held))
-                continue
-            await conversation.target.close()
+                replay = True
+            lost = conversation.target
             fresh = await self._open(request)
+            if replay:
+                fresh.target = await lost.replay_into(fresh.target.inner)
+                fresh.target.resume()  # the next prompt, history + tokens sent, rewinds to what it holds
+                log.info("node=%s %d positions replayed: the answer goes on", self.node, len(fresh.target.held))
             conversation.target, conversation.turn = fresh.target, fresh.turn
+            await lost.close()
 
     async def _open(self, request: ChatRequest) -> KeptConversation:
         """A fresh session for one chat (its place on this agent is already held), with the turn its local
