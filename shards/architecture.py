@@ -65,9 +65,7 @@ def arch_spec_from_config(config: Any) -> ArchSpec:
     model_type = getattr(config, "model_type", None)
     family = SUPPORTED_MODEL_TYPES.get(str(model_type))
     if family is None:
-        raise UnsupportedModelError(
-            f"unsupported architecture {model_type!r}: shoal exports {SUPPORTED_NAMES}"
-        )
+        raise UnsupportedModelError(f"unsupported architecture {model_type!r}: shoal exports {SUPPORTED_NAMES}")
     if getattr(config, "use_sliding_window", False):
         raise UnsupportedModelError(f"{model_type} with sliding-window attention is not supported")
     rope = dict(getattr(config, "rope_parameters", None) or {})

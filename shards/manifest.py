@@ -188,8 +188,12 @@ class Manifest:
                 context_tokens=int(data["context_tokens"]),
                 stages=tuple(_graph(s) for s in data["stages"]),
                 tokenizer_files=tuple(FileEntry(**f) for f in data["tokenizer_files"]),
-                draft=None if draft is None else DraftEntry(
-                    kind=draft["kind"], source=draft["source"], arch=ArchSpec.from_json(draft["arch"]),
+                draft=None
+                if draft is None
+                else DraftEntry(
+                    kind=draft["kind"],
+                    source=draft["source"],
+                    arch=ArchSpec.from_json(draft["arch"]),
                     graph=_graph(draft["graph"]),
                 ),
                 format_version=version,

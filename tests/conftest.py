@@ -69,8 +69,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Calla
         if key not in made:
             suffix = "-".join(f"{k}{v}" for k, v in sorted(extra.items()))
             out = root / f"smollm2-{stages}-{weights}{'-' + suffix if suffix else ''}"
-            export(ExportRequest(source="smollm2", out_dir=out, stages=stages, weights=weights, **extra),  # type: ignore[arg-type]
-                   cache_dir, progress=False)
+            export(
+                ExportRequest(source="smollm2", out_dir=out, stages=stages, weights=weights, **extra),  # type: ignore[arg-type]
+                cache_dir,
+                progress=False,
+            )
             made[key] = out
         return made[key]
 

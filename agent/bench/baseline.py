@@ -33,9 +33,17 @@ from shards.errors import ExportError, ShoalError
 log = logging.getLogger(__name__)
 
 OPTIMUM_INT4_ARGS = (
-    "--task", "text-generation-with-past",
-    "--weight-format", "int4", "--sym", "--group-size", "128", "--ratio", "1.0",
-    "--group-size-fallback", "adjust",
+    "--task",
+    "text-generation-with-past",
+    "--weight-format",
+    "int4",
+    "--sym",
+    "--group-size",
+    "128",
+    "--ratio",
+    "1.0",
+    "--group-size-fallback",
+    "adjust",
 )
 STAMP_NAME = "shoal-bench.json"
 """Written last into a finished baseline export: what it was made from."""
@@ -59,8 +67,11 @@ class PreparedExport:
     steps: dict[str, Measured]
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "reused": self.reused,
-                "steps": {name: asdict(m) for name, m in self.steps.items()}}
+        return {
+            "path": str(self.path),
+            "reused": self.reused,
+            "steps": {name: asdict(m) for name, m in self.steps.items()},
+        }
 
 
 def run_measured(module: str, args: list[str], env: dict[str, str] | None = None) -> Measured:
@@ -68,24 +79,32 @@ def run_measured(module: str, args: list[str], env: dict[str, str] | None = None
     with tempfile.TemporaryDirectory(prefix="shoal-peak-") as tmp:
         peak_file = Path(tmp) / "peak"
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "agent.bench.peak", str(peak_file), module, *args],
-                              stdout=sys.stderr.fileno(), env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "agent.bench.peak", str(peak_file), module, *args],
+            stdout=sys.stderr.fileno(),
+            env=env,
+        )
         seconds = time.perf_counter() - start
         peak = int(peak_file.read_text()) if peak_file.is_file() else 0
     return Measured(returncode=proc.returncode, seconds=seconds, peak_rss_bytes=peak)
 
 
-def shoal_export(source: str, stages: int, out: Path, cache_dir: Path,
-                 layers: tuple[int, ...] | None = None) -> PreparedExport:
+def shoal_export(
+    source: str, stages: int, out: Path, cache_dir: Path, layers: tuple[int, ...] | None = None
+) -> PreparedExport:
     """``shoal export SOURCE --stages N [--layers ...] --out OUT`` in a child process (reused when up to date)."""
     manifest = out / "manifest.json"
     before = manifest.stat().st_mtime_ns if manifest.is_file() else None
     pinned = ["--layers", ",".join(map(str, layers))] if layers else []
-    measured = run_measured("agent.cli.main", ["--cache-dir", str(cache_dir), "export", source,
-                                               "--stages", str(stages), *pinned, "--out", str(out)])
+    measured = run_measured(
+        "agent.cli.main",
+        ["--cache-dir", str(cache_dir), "export", source, "--stages", str(stages), *pinned, "--out", str(out)],
+    )
     if measured.returncode:
-        raise BenchError(f"`shoal export {source} --stages {stages}` failed (exit {measured.returncode}, see above);"
-                         f" if {out} is stale, delete it and run again")
+        raise BenchError(
+            f"`shoal export {source} --stages {stages}` failed (exit {measured.returncode}, see above);"
+            f" if {out} is stale, delete it and run again"
+        )
     reused = before is not None and manifest.stat().st_mtime_ns == before
     return PreparedExport(path=out, reused=reused, steps={} if reused else {"shoal-export": measured})
 
@@ -97,8 +116,12 @@ def optimum_export(source: str, out: Path, cache_dir: Path) -> PreparedExport:
     from shards.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(source, cache_dir)
-    stamp: dict[str, Any] = {"source": checkpoint.source_id, "revision": checkpoint.revision(),
-                             "optimum_args": list(OPTIMUM_INT4_ARGS), "optimum_intel": version("optimum-intel")}
+    stamp: dict[str, Any] = {
+        "source": checkpoint.source_id,
+        "revision": checkpoint.revision(),
+        "optimum_args": list(OPTIMUM_INT4_ARGS),
+        "optimum_intel": version("optimum-intel"),
+    }
     stamp_path = out / STAMP_NAME
     if stamp_path.is_file():
         try:
@@ -119,19 +142,25 @@ def optimum_export(source: str, out: Path, cache_dir: Path) -> PreparedExport:
             shutil.rmtree(hf_dir, ignore_errors=True)
             gguf = Path(checkpoint.path)  # type: ignore[attr-defined]
             print(f"bench: dequantizing {gguf.name} into a Hugging Face folder for optimum-intel", file=sys.stderr)
-            steps["gguf-to-hf"] = _checked("agent.bench.baseline", ["gguf-to-hf", str(gguf), str(hf_dir)],
-                                           "converting the GGUF into a Hugging Face folder")
+            steps["gguf-to-hf"] = _checked(
+                "agent.bench.baseline",
+                ["gguf-to-hf", str(gguf), str(hf_dir)],
+                "converting the GGUF into a Hugging Face folder",
+            )
             model_dir = hf_dir
         else:
             model_dir = Path(checkpoint.folder)  # type: ignore[attr-defined]
         print("bench: exporting the whole model with optimum-intel (int4 sym, group 128)", file=sys.stderr)
         steps["optimum-export"] = _checked(
-            "optimum.commands.optimum_cli", ["export", "openvino", "-m", str(model_dir), *OPTIMUM_INT4_ARGS,
-                                             str(staging)],
-            "optimum-cli export openvino")
+            "optimum.commands.optimum_cli",
+            ["export", "openvino", "-m", str(model_dir), *OPTIMUM_INT4_ARGS, str(staging)],
+            "optimum-cli export openvino",
+        )
         if not (staging / "openvino_tokenizer.xml").is_file():
-            raise BenchError("optimum-intel wrote no openvino_tokenizer.xml, which LLMPipeline needs "
-                             "(is openvino-tokenizers installed?)")
+            raise BenchError(
+                "optimum-intel wrote no openvino_tokenizer.xml, which LLMPipeline needs "
+                "(is openvino-tokenizers installed?)"
+            )
         stamp["steps"] = {name: asdict(m) for name, m in steps.items()}
         (staging / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
         shutil.rmtree(out, ignore_errors=True)

@@ -65,8 +65,16 @@ class ChatBenchSettings:
         agent_core = allowed[-1] if args.agent_core is None else args.agent_core
         if head_core not in allowed or agent_core not in allowed:
             raise BenchError(f"--head-core/--agent-core must be among the usable cores {allowed}")
-        return cls(model=args.model, stages=args.stages, runs=args.runs, tokens=args.tokens, turns=turns,
-                   head_core=head_core, agent_core=agent_core, precision=args.precision)
+        return cls(
+            model=args.model,
+            stages=args.stages,
+            runs=args.runs,
+            tokens=args.tokens,
+            turns=turns,
+            head_core=head_core,
+            agent_core=agent_core,
+            precision=args.precision,
+        )
 
 
 def add_arguments(b: argparse.ArgumentParser) -> None:
@@ -76,10 +84,19 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--runs", type=int, default=5, help="timed conversations per agent (after one untimed)")
     b.add_argument("--tokens", type=int, default=64, help="most tokens of each answer (default 64)")
     b.add_argument("--prompt", default=None, help="the first user message (default: the ring benchmark's)")
-    b.add_argument("--follow-up", action="append", default=None, metavar="MESSAGE",
-                   help="a later user message (repeatable; default: two follow-ups on the first answer)")
-    b.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default="auto",
-                   help="every agent's inference precision (as `shoal agent --precision`; default auto)")
+    b.add_argument(
+        "--follow-up",
+        action="append",
+        default=None,
+        metavar="MESSAGE",
+        help="a later user message (repeatable; default: two follow-ups on the first answer)",
+    )
+    b.add_argument(
+        "--precision",
+        choices=("auto", "f32", "bf16", "f16"),
+        default="auto",
+        help="every agent's inference precision (as `shoal agent --precision`; default auto)",
+    )
     b.add_argument("--head-core", type=int, default=None, help="core of the chat agents (default: the first)")
     b.add_argument("--agent-core", type=int, default=None, help="core of the other agents (default: the last)")
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -119,9 +136,16 @@ class ChatRing:
         last: tuple[str, int] | None = None
         for index in range(settings.stages - 1, 0, -1):  # last stage first: each is told the next one's address
             identity = issue_node(fleet_dir, f"stage-{index}")
-            agent = AgentProcess(self.export, index, identity.cert.parent, settings.agent_core, self.cache_dir,
-                                 self.log_dir / f"agent{index}.log", address,
-                                 extra=["--precision", settings.precision])
+            agent = AgentProcess(
+                self.export,
+                index,
+                identity.cert.parent,
+                settings.agent_core,
+                self.cache_dir,
+                self.log_dir / f"agent{index}.log",
+                address,
+                extra=["--precision", settings.precision],
+            )
             self.agents.append(agent)
             _progress(f"starting the agent of stage {index} on core {settings.agent_core}")
             address = agent.wait_ready()
@@ -131,14 +155,31 @@ class ChatRing:
             identity = issue_node(fleet_dir, f"chat-{mode}")
             endpoint = self.log_dir / f"chat-{mode}.json"
             keep = ["--chat-keep", "3600", "--chat-keep-max", "1"] if mode == "kept" else ["--chat-keep", "0"]
-            agent = AgentProcess(self.export, 0, identity.cert.parent, settings.head_core, self.cache_dir,
-                                 self.log_dir / f"chat-{mode}.log", address,
-                                 extra=["--chat", "127.0.0.1:0", "--chat-file", str(endpoint),
-                                        "--ring-last", f"{last[0]}:{last[1]}", "--precision", settings.precision,
-                                        *keep])
+            agent = AgentProcess(
+                self.export,
+                0,
+                identity.cert.parent,
+                settings.head_core,
+                self.cache_dir,
+                self.log_dir / f"chat-{mode}.log",
+                address,
+                extra=[
+                    "--chat",
+                    "127.0.0.1:0",
+                    "--chat-file",
+                    str(endpoint),
+                    "--ring-last",
+                    f"{last[0]}:{last[1]}",
+                    "--precision",
+                    settings.precision,
+                    *keep,
+                ],
+            )
             self.agents.append(agent)
-            _progress(f"starting the chat agent that {'keeps' if mode == 'kept' else 'does not keep'} sessions, "
-                      f"on core {settings.head_core}")
+            _progress(
+                f"starting the chat agent that {'keeps' if mode == 'kept' else 'does not keep'} sessions, "
+                f"on core {settings.head_core}"
+            )
             agent.wait_ready()
             self.endpoints[mode] = endpoint
 
@@ -147,8 +188,9 @@ class ChatRing:
             agent.close()
 
 
-async def _turn(endpoint: Any, messages: tuple[tuple[str, str], ...], tokens: int) -> tuple[float, float, str,
-                                                                                             list[int], dict[str, Any]]:
+async def _turn(
+    endpoint: Any, messages: tuple[tuple[str, str], ...], tokens: int
+) -> tuple[float, float, str, list[int], dict[str, Any]]:
     from agent.chat.client import ask
     from agent.chat.protocol import ChatRequest
 
@@ -166,8 +208,13 @@ async def _turn(endpoint: Any, messages: tuple[tuple[str, str], ...], tokens: in
         elif event.event == "error":
             raise BenchError(f"the chat agent answered {event.code}: {event.text}")
         else:
-            return (first if first is not None else time.perf_counter() - started, time.perf_counter() - started,
-                    "".join(text), ids, event.stats)
+            return (
+                first if first is not None else time.perf_counter() - started,
+                time.perf_counter() - started,
+                "".join(text),
+                ids,
+                event.stats,
+            )
     raise BenchError("the chat agent closed the connection without finishing its answer")
 
 
@@ -184,11 +231,23 @@ async def _measure(ring: ChatRing, settings: ChatBenchSettings) -> list[TurnResu
                 history = (*history, ("user", message))
                 first, seconds, text, ids, stats = await _turn(endpoint, history, settings.tokens)
                 history = (*history, ("assistant", text))
-                _progress(f"round {round_} {mode}: turn {index + 1} first token {first:.2f} s, {seconds:.2f} s, "
-                          f"{stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens kept")
+                _progress(
+                    f"round {round_} {mode}: turn {index + 1} first token {first:.2f} s, {seconds:.2f} s, "
+                    f"{stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens kept"
+                )
                 if round_ > 0:
-                    results.append(TurnResult(round_, mode, index + 1, first, seconds, int(stats["prompt_tokens"]),
-                                              int(stats["cached_tokens"]), tuple(ids)))
+                    results.append(
+                        TurnResult(
+                            round_,
+                            mode,
+                            index + 1,
+                            first,
+                            seconds,
+                            int(stats["prompt_tokens"]),
+                            int(stats["cached_tokens"]),
+                            tuple(ids),
+                        )
+                    )
     return results
 
 
@@ -196,35 +255,43 @@ def build_report(results: Sequence[TurnResult], settings: ChatBenchSettings, mac
     """Per turn: medians of each agent's first-token and whole-turn times, their paired ratios, tokens."""
     turns = []
     for turn in range(1, len(settings.turns) + 1):
-        by_mode = {mode: sorted((r for r in results if r.turn == turn and r.mode == mode), key=lambda r: r.round)
-                   for mode in MODES}
+        by_mode = {
+            mode: sorted((r for r in results if r.turn == turn and r.mode == mode), key=lambda r: r.round)
+            for mode in MODES
+        }
         kept, afresh = by_mode["kept"], by_mode["afresh"]
         first_ratio = paired_ratios([r.first_token_seconds for r in afresh], [r.first_token_seconds for r in kept])
         whole_ratio = paired_ratios([r.seconds for r in afresh], [r.seconds for r in kept])
-        turns.append({
-            "turn": turn,
-            "prompt_tokens": Summary.of([r.prompt_tokens for r in kept]).median,
-            "cached_tokens": {mode: Summary.of([r.cached_tokens for r in by_mode[mode]]).median for mode in MODES},
-            "first_token_seconds": {mode: asdict(Summary.of([r.first_token_seconds for r in by_mode[mode]]))
-                                    for mode in MODES},
-            "seconds": {mode: asdict(Summary.of([r.seconds for r in by_mode[mode]])) for mode in MODES},
-            "first_token_afresh_over_kept": asdict(Summary.of(first_ratio)),
-            "turn_afresh_over_kept": asdict(Summary.of(whole_ratio)),
-            "same_tokens": all(a.tokens == k.tokens for a, k in zip(afresh, kept, strict=True)),
-            "answer_tokens": Summary.of([len(r.tokens) for r in kept]).median,
-        })
+        turns.append(
+            {
+                "turn": turn,
+                "prompt_tokens": Summary.of([r.prompt_tokens for r in kept]).median,
+                "cached_tokens": {mode: Summary.of([r.cached_tokens for r in by_mode[mode]]).median for mode in MODES},
+                "first_token_seconds": {
+                    mode: asdict(Summary.of([r.first_token_seconds for r in by_mode[mode]])) for mode in MODES
+                },
+                "seconds": {mode: asdict(Summary.of([r.seconds for r in by_mode[mode]])) for mode in MODES},
+                "first_token_afresh_over_kept": asdict(Summary.of(first_ratio)),
+                "turn_afresh_over_kept": asdict(Summary.of(whole_ratio)),
+                "same_tokens": all(a.tokens == k.tokens for a, k in zip(afresh, kept, strict=True)),
+                "answer_tokens": Summary.of([len(r.tokens) for r in kept]).median,
+            }
+        )
     return {"settings": asdict(settings), "machine": machine, "turns": turns}
 
 
 def render_markdown(report: dict[str, Any], command: str) -> str:
     settings, machine = report["settings"], report["machine"]
     lines = [
-        f"## shoal bench chat, {machine['date']}", "",
-        f"Command: `{command}`", "",
+        f"## shoal bench chat, {machine['date']}",
+        "",
+        f"Command: `{command}`",
+        "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']:.0f} GB RAM; OpenVINO "
         f"{machine['openvino']}. Two stage-0 chat agents on core {settings['head_core']} (one keeping a finished "
         f"answer's session, `--chat-keep`, the other not, `--chat-keep 0`), the other stages' agents on core "
-        f"{settings['agent_core']}; every agent `--threads 1`.", "",
+        f"{settings['agent_core']}; every agent `--threads 1`.",
+        "",
         f"Method: {settings['model']} in {settings['stages']} stages; a conversation of {len(settings['turns'])} "
         f"user turns, each sent with every turn and answer before it (greedy, at most {settings['tokens']} tokens "
         f"an answer, ending at a stop token); {settings['runs']} timed conversations with each agent after an "
@@ -232,7 +299,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         "continue the last one's, so it starts afresh with both). "
         f"Stages compute in precision `{settings['precision']}`. Times are the client's "
         "(`agent.chat.client.ask`): first token = request to first token, the prompt's "
-        "step included; turn = request to the end of the answer. Paired: median of the per-round ratios.", "",
+        "step included; turn = request to the end of the answer. Paired: median of the per-round ratios.",
+        "",
         "| turn | prompt tokens | kept from the last turn | first token, kept (s) | first token, afresh (s) "
         "| afresh / kept, paired (min-max) | turn, kept (s) | turn, afresh (s) | afresh / kept, paired | answer "
         "tokens | same tokens |",
@@ -246,7 +314,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
             f"| {first['kept']['median']:.3f} | {first['afresh']['median']:.3f} "
             f"| {ratio['median']:.2f}× ({ratio['min']:.2f}-{ratio['max']:.2f}) "
             f"| {whole['kept']['median']:.2f} | {whole['afresh']['median']:.2f} | {turn_ratio['median']:.2f}× "
-            f"| {turn['answer_tokens']:.0f} | {'yes' if turn['same_tokens'] else 'NO'} |")
+            f"| {turn['answer_tokens']:.0f} | {'yes' if turn['same_tokens'] else 'NO'} |"
+        )
     return "\n".join(lines) + "\n\n"
 
 

@@ -118,8 +118,10 @@ class DelayProxy:
         _nodelay(target_writer)
         self.counters.connections += 1
         up, down = _Direction(), _Direction()
-        readers = [self._spawn(self._read(client_reader, up, "bytes_up")),
-                   self._spawn(self._read(target_reader, down, "bytes_down"))]
+        readers = [
+            self._spawn(self._read(client_reader, up, "bytes_up")),
+            self._spawn(self._read(target_reader, down, "bytes_down")),
+        ]
         writers = {self._spawn(self._write(up, target_writer)), self._spawn(self._write(down, client_writer))}
         try:
             # both directions end cleanly (each passed its end of stream on), or one breaks: then all of it goes
@@ -230,8 +232,10 @@ async def serve_commands(delay_ms: float) -> int:
                         proxy.delay = delay
                     reply(f"ok delay {float(argument):g}")
                 elif command == "stats":
-                    reply("stats " + json.dumps([{"target": f"{p.target[0]}:{p.target[1]}", **vars(p.counters)}
-                                                 for p in proxies]))
+                    reply(
+                        "stats "
+                        + json.dumps([{"target": f"{p.target[0]}:{p.target[1]}", **vars(p.counters)} for p in proxies])
+                    )
                 else:
                     reply(f"error unknown command {command!r}")
             except (ValueError, OSError) as exc:

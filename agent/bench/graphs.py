@@ -37,8 +37,9 @@ class GraphSummary:
 
 def summarize(xml: Path, name: str, core: Any, threads: int = 1) -> GraphSummary:
     """Compile ``xml`` on the CPU and count its runtime graph's layer types."""
-    compiled = core.compile_model(str(xml), "CPU", {"PERFORMANCE_HINT": "LATENCY",
-                                                     "INFERENCE_NUM_THREADS": str(threads)})
+    compiled = core.compile_model(
+        str(xml), "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": str(threads)}
+    )
     counts: collections.Counter[str] = collections.Counter()
     runtime_reorders = 0
     for op in compiled.get_runtime_model().get_ops():
@@ -81,8 +82,7 @@ def main(argv: list[str]) -> int:
     import openvino as ov
 
     core = ov.Core()
-    summaries = [summarize(xml, name, core, args.threads)
-                 for folder in args.folders for name, xml in graphs_of(folder)]
+    summaries = [summarize(xml, name, core, args.threads) for folder in args.folders for name, xml in graphs_of(folder)]
     width = max(len(s.name) for s in summaries)
     header = "".join(f"{t[:14]:>15}" for t in WATCHED)
     print(f"{'graph':<{width}}  {'precision':<10}{header}{'runtime Reorder':>17}")

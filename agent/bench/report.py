@@ -43,9 +43,13 @@ def config_figures(runs: Sequence[RunResult]) -> dict[str, Any]:
         "others_busy_max": max(r.others_busy for r in runs),
     }
     # shoal runs also split each decoded token's time: (decode, infer calls, OpenVINO's own latency)
-    split = [(r.decode_s, r.infer_s, r.ov_latency_s, len(r.tokens) - 1) for r in runs
-             if r.infer_s is not None and r.ov_latency_s is not None]
+    split = [
+        (r.decode_s, r.infer_s, r.ov_latency_s, len(r.tokens) - 1)
+        for r in runs
+        if r.infer_s is not None and r.ov_latency_s is not None
+    ]
     if split:
+
         def per_token(values: list[float]) -> float:
             return 1e3 * Summary.of(values).median
 
@@ -54,7 +58,8 @@ def config_figures(runs: Sequence[RunResult]) -> dict[str, Any]:
         figures["binding_ms_per_token"] = per_token([(infer - latency) / n for _, infer, latency, n in split])
         figures["python_share"] = Summary.of([(decode - infer) / decode for decode, infer, _, _ in split]).median
         figures["outside_ov_share"] = Summary.of(
-            [(decode - latency) / decode for decode, _, latency, _ in split]).median
+            [(decode - latency) / decode for decode, _, latency, _ in split]
+        ).median
     return figures
 
 
@@ -68,25 +73,34 @@ def build_report(
 ) -> dict[str, Any]:
     """The one JSON object ``shoal bench shards --json`` prints."""
     configs = {name: config_figures(r) for name, r in results.items()}
-    report: dict[str, Any] = {"model": model, "tokens": tokens, "runs": runs, "machine": dict(machine),
-                              "configs": configs}
+    report: dict[str, Any] = {
+        "model": model,
+        "tokens": tokens,
+        "runs": runs,
+        "machine": dict(machine),
+        "configs": configs,
+    }
     if BASELINE in results:
         base = configs[BASELINE]["tok_s"]
         shoal = [name for name in SHOAL_CONFIGS if name in results]
         report["ratios"] = {f"{name}/{BASELINE}": configs[name]["tok_s"] / base for name in shoal}
         paired: dict[str, Any] = {}
         for name in shoal:
-            summary = Summary.of(paired_ratios([r.tok_s for r in results[name]],
-                                               [r.tok_s for r in results[BASELINE]]))
+            summary = Summary.of(paired_ratios([r.tok_s for r in results[name]], [r.tok_s for r in results[BASELINE]]))
             paired[f"{name}/{BASELINE}"] = {"median": summary.median, "min": summary.min, "max": summary.max}
         report["paired_ratios"] = paired
         # interference only ever slows a run down, so the best runs estimate the undisturbed speeds
-        report["best_ratios"] = {f"{name}/{BASELINE}": configs[name]["max"] / configs[BASELINE]["max"]
-                                 for name in shoal}
+        report["best_ratios"] = {
+            f"{name}/{BASELINE}": configs[name]["max"] / configs[BASELINE]["max"] for name in shoal
+        }
         report["goals"] = {
-            name: {"target": GOALS[name], "ratio": configs[name]["tok_s"] / base,
-                   "pass": configs[name]["tok_s"] >= GOALS[name] * base}
-            for name in shoal if name in GOALS
+            name: {
+                "target": GOALS[name],
+                "ratio": configs[name]["tok_s"] / base,
+                "pass": configs[name]["tok_s"] >= GOALS[name] * base,
+            }
+            for name in shoal
+            if name in GOALS
         }
     report["agreement"] = _agreements(results, tokens)
     if extra:
@@ -153,8 +167,10 @@ def render_table(report: Mapping[str, Any]) -> str:
         )
     for pair, agreed in report.get("agreement", {}).items():
         first = agreed["first_difference"]
-        lines.append(f"tokens {pair}: {agreed['same']}/{agreed['total']} identical"
-                     + ("" if first is None else f", first difference at token {first}"))
+        lines.append(
+            f"tokens {pair}: {agreed['same']}/{agreed['total']} identical"
+            + ("" if first is None else f", first difference at token {first}")
+        )
     lines.append(_neighbours(report))
     return "\n".join(lines)
 
@@ -195,26 +211,37 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
             f"{figures['ms_per_token']:.2f} | {figures['ttft_s']:.3f} | {_share(figures)} | {_goal(report, name)} |"
         )
     lines.append("")
-    lines.append("× mono: ratio of medians (what the goals use); paired: median of per-round ratios; best: ratio "
-                 "of the fastest runs (interference only slows runs down).")
+    lines.append(
+        "× mono: ratio of medians (what the goals use); paired: median of per-round ratios; best: ratio "
+        "of the fastest runs (interference only slows runs down)."
+    )
     lines.append("")
     for pair, agreed in report.get("agreement", {}).items():
         first = agreed["first_difference"]
-        lines.append(f"- Greedy tokens {pair}: {agreed['same']}/{agreed['total']} identical"
-                     + ("." if first is None else f" (first difference at token {first})."))
+        lines.append(
+            f"- Greedy tokens {pair}: {agreed['same']}/{agreed['total']} identical"
+            + ("." if first is None else f" (first difference at token {first}).")
+        )
     shares = [(name, f) for name, f in report["configs"].items() if "python_share" in f]
     if shares:
-        lines.append("- Per decoded token, shoal configs: " + "; ".join(
-            f"{name} {f['infer_ms_per_token']:.2f} ms in `InferRequest.infer` calls (of which "
-            f"{f['binding_ms_per_token']:.2f} ms outside OpenVINO's own `latency`: input dispatch, output "
-            f"dict), {f['python_ms_per_token']:.2f} ms in our Python; everything outside OpenVINO "
-            f"{100 * f['outside_ov_share']:.1f} %"
-            for name, f in shares) + ".")
+        lines.append(
+            "- Per decoded token, shoal configs: "
+            + "; ".join(
+                f"{name} {f['infer_ms_per_token']:.2f} ms in `InferRequest.infer` calls (of which "
+                f"{f['binding_ms_per_token']:.2f} ms outside OpenVINO's own `latency`: input dispatch, output "
+                f"dict), {f['python_ms_per_token']:.2f} ms in our Python; everything outside OpenVINO "
+                f"{100 * f['outside_ov_share']:.1f} %"
+                for name, f in shares
+            )
+            + "."
+        )
     if "repeated_runs" in report:
         repeated = ", ".join(f"{name} {n}" for name, n in report["repeated_runs"].items() if n) or "none"
         lowest = ", ".join(f"{name} {f['cpu_share_min']:.2f}" for name, f in report["configs"].items())
-        lines.append(f"- Runs repeated because another process took the core (CPU share below "
-                     f"{report.get('min_cpu_share', 0):.2f}): {repeated}. Lowest CPU share kept: {lowest}.")
+        lines.append(
+            f"- Runs repeated because another process took the core (CPU share below "
+            f"{report.get('min_cpu_share', 0):.2f}): {repeated}. Lowest CPU share kept: {lowest}."
+        )
     lines.append(f"- {_neighbours(report)}")
     lines.append("")
     return "\n".join(lines) + "\n"

@@ -86,7 +86,7 @@ GOALS = {
     "pp+sd+mb/pp@100ms": 5.0,
 }
 PYTHON_SHARE_GOAL = 0.05
-DEFAULT_PROMPT = '''Add type hints to this Python function. Reply with the complete function.
+DEFAULT_PROMPT = """Add type hints to this Python function. Reply with the complete function.
 
 ```python
 def summarize_orders(orders, currency="EUR", min_total=0):
@@ -104,7 +104,7 @@ def summarize_orders(orders, currency="EUR", min_total=0):
         if total >= min_total:
             report.append((customer, total, counts[customer]))
     return report
-```'''
+```"""
 MARKDOWN_TITLE = "# Benchmarks\n\n"
 
 
@@ -246,42 +246,103 @@ def _setup(text: str) -> Setup:
 
 def add_arguments(b: argparse.ArgumentParser) -> None:
     """The options of ``shoal bench ring`` (kept here, next to what reads them)."""
-    b.add_argument("--model", default=None,
-                   help="SOURCE to benchmark (default: qwen2.5-coder-1.5b in 2 stages, smollm2 in 2 and 3)")
-    b.add_argument("--stages", type=int, action="append", default=None,
-                   help="ring stages, the head's included (repeatable; default: 2, and 3 for smollm2)")
-    b.add_argument("--layers", type=layer_counts, default=None, metavar="N,N,...",
-                   help="with --model: cut the ring export here (layers per stage) instead of the planner's cut")
-    b.add_argument("--latency-ms", type=float, nargs="+", default=None, metavar="L",
-                   help="added one-way latency per hop, one round set each (default: 0 10 50 100)")
+    b.add_argument(
+        "--model",
+        default=None,
+        help="SOURCE to benchmark (default: qwen2.5-coder-1.5b in 2 stages, smollm2 in 2 and 3)",
+    )
+    b.add_argument(
+        "--stages",
+        type=int,
+        action="append",
+        default=None,
+        help="ring stages, the head's included (repeatable; default: 2, and 3 for smollm2)",
+    )
+    b.add_argument(
+        "--layers",
+        type=layer_counts,
+        default=None,
+        metavar="N,N,...",
+        help="with --model: cut the ring export here (layers per stage) instead of the planner's cut",
+    )
+    b.add_argument(
+        "--latency-ms",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="L",
+        help="added one-way latency per hop, one round set each (default: 0 10 50 100)",
+    )
     b.add_argument("--runs", type=int, default=5, help="timed runs per configuration and latency")
     b.add_argument("--tokens", type=int, default=128, help="greedy tokens per user and run")
-    b.add_argument("--tokens-at", action="append", default=None, metavar="MS=N",
-                   help="fewer (or more) tokens per run at one latency, e.g. 100=64 (repeatable)")
-    b.add_argument("--latency-setups", default=None, metavar="MODEL:STAGES[,...]",
-                   help="only these setups get the latencies after the first (default: all)")
+    b.add_argument(
+        "--tokens-at",
+        action="append",
+        default=None,
+        metavar="MS=N",
+        help="fewer (or more) tokens per run at one latency, e.g. 100=64 (repeatable)",
+    )
+    b.add_argument(
+        "--latency-setups",
+        default=None,
+        metavar="MODEL:STAGES[,...]",
+        help="only these setups get the latencies after the first (default: all)",
+    )
     b.add_argument("--configs", default=None, help="comma-separated subset of " + ",".join(CONFIGS))
-    b.add_argument("--drafter", choices=("best", *DRAFTER_KINDS), default="best",
-                   help="drafter for pp+sd: best = a pilot of both decides (default)")
+    b.add_argument(
+        "--drafter",
+        choices=("best", *DRAFTER_KINDS),
+        default="best",
+        help="drafter for pp+sd: best = a pilot of both decides (default)",
+    )
     b.add_argument("--pilot-runs", type=int, default=2, help="timed pilot runs per drafter")
-    b.add_argument("--depth", type=int, default=DEFAULT_DEPTH,
-                   help=f"speculative steps of a session in flight at once (default {DEFAULT_DEPTH}; 1: one at a time)")
-    b.add_argument("--draft-ahead", action="store_true",
-                   help="a draft model also drafts while the ring computes, on a guess at the answer (opt-in)")
-    b.add_argument("--self-draft", type=int, default=SELF_DRAFT_LAYERS, metavar="N",
-                   help=f"layers of the self-draft exported for the draft drafter (default {SELF_DRAFT_LAYERS})")
-    b.add_argument("--draft-model", default=None, metavar="SOURCE",
-                   help="a separate draft model instead of the self-draft (another tokenizer drafts through text; "
-                        "default: smollm2 for qwen2.5-coder-1.5b, the self-draft otherwise)")
-    b.add_argument("--warmup-tokens", type=int, default=None,
-                   help=f"untimed tokens right before each run (default {DEFAULT_WARMUP_TOKENS})")
+    b.add_argument(
+        "--depth",
+        type=int,
+        default=DEFAULT_DEPTH,
+        help=f"speculative steps of a session in flight at once (default {DEFAULT_DEPTH}; 1: one at a time)",
+    )
+    b.add_argument(
+        "--draft-ahead",
+        action="store_true",
+        help="a draft model also drafts while the ring computes, on a guess at the answer (opt-in)",
+    )
+    b.add_argument(
+        "--self-draft",
+        type=int,
+        default=SELF_DRAFT_LAYERS,
+        metavar="N",
+        help=f"layers of the self-draft exported for the draft drafter (default {SELF_DRAFT_LAYERS})",
+    )
+    b.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="SOURCE",
+        help="a separate draft model instead of the self-draft (another tokenizer drafts through text; "
+        "default: smollm2 for qwen2.5-coder-1.5b, the self-draft otherwise)",
+    )
+    b.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=None,
+        help=f"untimed tokens right before each run (default {DEFAULT_WARMUP_TOKENS})",
+    )
     b.add_argument("--head-core", type=int, default=None, help="core of the head and of mono (default: the first)")
     b.add_argument("--agent-core", type=int, default=None, help="core of the agents (default: the last)")
     b.add_argument("--prompt", default=None, help="user message (default: add type hints to a 15-line function)")
-    b.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
-                   help="before each round, wait up to SECONDS for other processes to leave the machine (default 0)")
-    b.add_argument("--rewind", choices=REWIND_CHOICES, default="auto",
-                   help="how the head and the agents forget rejected drafts (as `shoal agent --rewind`)")
+    b.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="before each round, wait up to SECONDS for other processes to leave the machine (default 0)",
+    )
+    b.add_argument(
+        "--rewind",
+        choices=REWIND_CHOICES,
+        default="auto",
+        help="how the head and the agents forget rejected drafts (as `shoal agent --rewind`)",
+    )
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
 
@@ -304,8 +365,21 @@ def selfdraft_export(source: str, layers: int, out: Path, cache_dir: Path) -> Pr
     Only its draft graph is used (by every setup of the model): 2 stages keep the export's peak memory low."""
     manifest = out / "manifest.json"
     before = manifest.stat().st_mtime_ns if manifest.is_file() else None
-    measured = run_measured("agent.cli.main", ["--cache-dir", str(cache_dir), "export", source, "--stages", "2",
-                                               "--self-draft", str(layers), "--out", str(out)])
+    measured = run_measured(
+        "agent.cli.main",
+        [
+            "--cache-dir",
+            str(cache_dir),
+            "export",
+            source,
+            "--stages",
+            "2",
+            "--self-draft",
+            str(layers),
+            "--out",
+            str(out),
+        ],
+    )
     if measured.returncode:
         raise BenchError(f"`shoal export {source} --self-draft {layers}` failed (exit {measured.returncode})")
     reused = before is not None and manifest.stat().st_mtime_ns == before
@@ -336,8 +410,9 @@ def prepare_exports(settings: RingSettings, cache_dir: Path) -> dict[Setup, Setu
             draft, prepared["draft"] = made.path, made.to_json()
         elif need_draft:
             _progress(f"{setup.model}: self-draft export ({settings.self_draft} layers)")
-            made = selfdraft_export(setup.model, settings.self_draft,
-                                    work / f"shoal-2stage-selfdraft{settings.self_draft}", cache_dir)
+            made = selfdraft_export(
+                setup.model, settings.self_draft, work / f"shoal-2stage-selfdraft{settings.self_draft}", cache_dir
+            )
             draft, prepared["draft"] = made.path, made.to_json()
         mono = None
         if "mono" in settings.configs:
@@ -378,9 +453,13 @@ class ProxyProcess:
 
     def __init__(self) -> None:
         cores = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
-        self._proc = subprocess.Popen([sys.executable, "-m", "agent.bench.delay_proxy"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True,
-                                      preexec_fn=lambda: os.sched_setaffinity(0, cores))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.bench.delay_proxy"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, cores),
+        )
         line = _read_line(self._proc, 60, "the delay proxy")
         if not line.startswith("ready"):
             raise BenchError(f"the delay proxy said {line!r}")
@@ -424,26 +503,59 @@ class ProxyProcess:
 class AgentProcess:
     """One ``shoal agent`` serving one stage, pinned to a core with taskset, one inference thread."""
 
-    def __init__(self, export: Path, stage: int, identity: Path, core: int, cache_dir: Path, log: Path,
-                 next_address: tuple[str, int] | None, rewind: str = "auto", extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        export: Path,
+        stage: int,
+        identity: Path,
+        core: int,
+        cache_dir: Path,
+        log: Path,
+        next_address: tuple[str, int] | None,
+        rewind: str = "auto",
+        extra: Sequence[str] = (),
+    ) -> None:
         """``extra``: further ``shoal agent`` flags (a chat endpoint, say)."""
-        command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "agent", str(export),
-                   "--stage", str(stage), "--identity", str(identity), "--listen", "127.0.0.1:0", "--threads", "1",
-                   "--device", "CPU", "--no-verify", "--rewind", rewind, *extra]
+        command = [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--cache-dir",
+            str(cache_dir),
+            "agent",
+            str(export),
+            "--stage",
+            str(stage),
+            "--identity",
+            str(identity),
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--device",
+            "CPU",
+            "--no-verify",
+            "--rewind",
+            rewind,
+            *extra,
+        ]
         if next_address is not None:
             command += ["--next", f"{next_address[0]}:{next_address[1]}"]
         preexec = None
         if shutil.which("taskset"):
             command = ["taskset", "-c", str(core), *command]
         else:
+
             def preexec() -> None:
                 os.sched_setaffinity(0, {core})
+
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
         self.stage = stage
         self.log = log
         self._log_file = log.open("w")
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env=env,
-                                     preexec_fn=preexec)
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env=env, preexec_fn=preexec
+        )
         self.address: tuple[str, int] | None = None
 
     def wait_ready(self) -> tuple[str, int]:
@@ -601,8 +713,15 @@ class RingRun:
 class Ring:
     """Agents, proxies and the head's side of one (model, stages) setup, up for all its measurements."""
 
-    def __init__(self, setup: Setup, exports: SetupExports, settings: RingSettings, cache_dir: Path,
-                 fleet_dir: Path, log_dir: Path) -> None:
+    def __init__(
+        self,
+        setup: Setup,
+        exports: SetupExports,
+        settings: RingSettings,
+        cache_dir: Path,
+        fleet_dir: Path,
+        log_dir: Path,
+    ) -> None:
         self.setup = setup
         self.exports = exports
         self.settings = settings
@@ -629,10 +748,16 @@ class Ring:
         # last stage first: each agent is told the proxied address of the next one
         for index in range(stages - 1, 0, -1):
             identity = issue_node(self.fleet_dir, f"stage-{index}")
-            agent = AgentProcess(self.exports.ring, index, identity.cert.parent, self.settings.agent_core,
-                                 self.cache_dir,
-                                 self.log_dir / f"{_slug(self.setup.model)}-{stages}stage-agent{index}.log",
-                                 addresses.get(index + 1), self.settings.rewind)
+            agent = AgentProcess(
+                self.exports.ring,
+                index,
+                identity.cert.parent,
+                self.settings.agent_core,
+                self.cache_dir,
+                self.log_dir / f"{_slug(self.setup.model)}-{stages}stage-agent{index}.log",
+                addresses.get(index + 1),
+                self.settings.rewind,
+            )
             self.agents.insert(0, agent)
             _progress(f"{self.setup.label}: starting the agent of stage {index} on core {self.settings.agent_core}")
             direct = agent.wait_ready()
@@ -652,23 +777,33 @@ class Ring:
         self.identity = identity
         export = self.exports.ring
         self.manifest = Manifest.load(export)
-        config = RuntimeConfig(device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache",
-                               rewind=self.settings.rewind)
+        config = RuntimeConfig(
+            device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache", rewind=self.settings.rewind
+        )
         _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
         stage0 = CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)
-        self.client = RingClient(self.manifest, self.proxied[0], self.proxied[-1], client_context(identity),
-                                 identity.name, local_stages=[stage0], executor=self.executor)
+        self.client = RingClient(
+            self.manifest,
+            self.proxied[0],
+            self.proxied[-1],
+            client_context(identity),
+            identity.name,
+            local_stages=[stage0],
+            executor=self.executor,
+        )
         await self.client.connect(timeout=120.0)
-        self.probes = [await StatusProbe.open(agent.address, identity) for agent in self.agents
-                       if agent.address is not None]
+        self.probes = [
+            await StatusProbe.open(agent.address, identity) for agent in self.agents if agent.address is not None
+        ]
         params = SamplingParams()
         users = max(USERS[c] for c in self.settings.configs)
         kinds = DRAFTER_KINDS if self.settings.drafter == "best" else (self.settings.drafter,)
         if any(c in SPECULATIVE for c in self.settings.configs):
             for kind in kinds:
                 draft_export = self.exports.draft if kind != "ngram" else None
-                self.drafters[kind] = [make_drafter(kind, export, self.manifest, params, config, draft_export)
-                                       for _ in range(users)]
+                self.drafters[kind] = [
+                    make_drafter(kind, export, self.manifest, params, config, draft_export) for _ in range(users)
+                ]
 
     async def close(self) -> None:
         for probe in self.probes:
@@ -723,8 +858,10 @@ class Ring:
             if foreign <= threshold:
                 return
             if time.monotonic() >= deadline:
-                _progress(f"other processes still use {100 * foreign:.0f} % of the machine after {patience:.0f} s, "
-                          "measuring anyway")
+                _progress(
+                    f"other processes still use {100 * foreign:.0f} % of the machine after {patience:.0f} s, "
+                    "measuring anyway"
+                )
                 return
             if not announced:
                 _progress(f"other processes use {100 * foreign:.0f} % of the machine, waiting for quiet")
@@ -746,14 +883,19 @@ class Ring:
 
     def _head_snapshot(self) -> _Snapshot:
         cpu = resource.getrusage(resource.RUSAGE_THREAD)  # this thread's: the event loop's
-        return _Snapshot(at=time.perf_counter(), loop_cpu=cpu.ru_utime + cpu.ru_stime, loop_kernel=cpu.ru_stime,
-                         executor=dict(self.executor.seconds),
-                         infer=sum(s._request.infer_s for s in self.local_sessions),
-                         ov_latency=sum(s._request.latency_s for s in self.local_sessions),
-                         kv_cut=sum(s.kv_cut_seconds for s in self.local_sessions))
+        return _Snapshot(
+            at=time.perf_counter(),
+            loop_cpu=cpu.ru_utime + cpu.ru_stime,
+            loop_kernel=cpu.ru_stime,
+            executor=dict(self.executor.seconds),
+            infer=sum(s._request.infer_s for s in self.local_sessions),
+            ov_latency=sum(s._request.latency_s for s in self.local_sessions),
+            kv_cut=sum(s.kv_cut_seconds for s in self.local_sessions),
+        )
 
-    async def generate(self, config: str, latency_ms: float, tokens: int, drafter_kind: str | None,
-                       prompt_ids: list[int]) -> RingRun:
+    async def generate(
+        self, config: str, latency_ms: float, tokens: int, drafter_kind: str | None, prompt_ids: list[int]
+    ) -> RingRun:
         """One run of ``config``: its users decode ``tokens`` tokens each, concurrently."""
         from agent.bench.worker import TimedRequest
         from agent.head.adaptive_k import AdaptiveK
@@ -782,11 +924,21 @@ class Ring:
         last_shot: list[_Snapshot] = []
 
         async def user(i: int) -> None:
-            async for token in decode(sessions[i], prompt_ids, max_tokens=tokens, stop_ids=frozenset(),
-                                      params=params, context_tokens=self.manifest.context_tokens,
-                                      drafter=drafters[i], k_policy=AdaptiveK(), executor=self.executor,
-                                      stats=stats[i], depth=self.settings.depth, turn=self.client.turn,
-                                      draft_ahead=self.settings.draft_ahead):
+            async for token in decode(
+                sessions[i],
+                prompt_ids,
+                max_tokens=tokens,
+                stop_ids=frozenset(),
+                params=params,
+                context_tokens=self.manifest.context_tokens,
+                drafter=drafters[i],
+                k_policy=AdaptiveK(),
+                executor=self.executor,
+                stats=stats[i],
+                depth=self.settings.depth,
+                turn=self.client.turn,
+                draft_ahead=self.settings.draft_ahead,
+            ):
                 stamps[i].append(time.perf_counter())
                 outputs[i].append(token)
                 if len(outputs[i]) == 1 and all(stamps):
@@ -817,8 +969,10 @@ class Ring:
         counted = sum(1 for user_stamps in stamps for t in user_stamps if t > t0)
         window = t1 - t0
         per_user = [(len(s) - 1) / (s[-1] - s[0]) if len(s) > 1 and s[-1] > s[0] else 0.0 for s in stamps]
-        executor = {name: end.executor.get(name, 0.0) - begin.executor.get(name, 0.0)
-                    for name in set(end.executor) | set(begin.executor)}
+        executor = {
+            name: end.executor.get(name, 0.0) - begin.executor.get(name, 0.0)
+            for name in set(end.executor) | set(begin.executor)
+        }
         return RingRun(
             config=config,
             latency_ms=latency_ms,
@@ -868,32 +1022,58 @@ def _prompt_ids(export: Path, prompt: str, tokens: int) -> list[int]:
     manifest = Manifest.load(export)
     ids = ChatTokenizer(export / "tokenizer").encode_chat([{"role": "user", "content": prompt}])
     if len(ids) + tokens + 32 > manifest.context_tokens:
-        raise BenchError(f"prompt ({len(ids)} tokens) + {tokens} tokens exceeds the {manifest.context_tokens}-token "
-                         "context")
+        raise BenchError(
+            f"prompt ({len(ids)} tokens) + {tokens} tokens exceeds the {manifest.context_tokens}-token context"
+        )
     return ids
 
 
 def _mono_run(export: Path, prompt_ids: list[int], tokens: int, settings: RingSettings, ov_cache: Path) -> RingRun:
     from agent.bench.worker import RunSpec, WorkerProcess
 
-    spec = RunSpec(kind="mono", model_dir=str(export), prompt_ids=prompt_ids, tokens=tokens,
-                   warmup_tokens=settings.warmup_tokens, core=settings.head_core, ov_cache_dir=str(ov_cache))
+    spec = RunSpec(
+        kind="mono",
+        model_dir=str(export),
+        prompt_ids=prompt_ids,
+        tokens=tokens,
+        warmup_tokens=settings.warmup_tokens,
+        core=settings.head_core,
+        ov_cache_dir=str(ov_cache),
+    )
     with contextlib.closing(WorkerProcess("mono", spec)) as worker:
         result = worker.run()
-    return RingRun(config="mono", latency_ms=0.0, tokens=[result.tokens], tok_s=result.tok_s,
-                   per_user_tok_s=[result.tok_s], ttft_s=[result.ttft_s], window_s=result.decode_s,
-                   window_tokens=len(result.tokens) - 1, steps=len(result.tokens), drafted=0, accepted=0,
-                   k_chosen=[], drafter=None, cpu_share=result.cpu_share, others_busy=result.others_busy)
+    return RingRun(
+        config="mono",
+        latency_ms=0.0,
+        tokens=[result.tokens],
+        tok_s=result.tok_s,
+        per_user_tok_s=[result.tok_s],
+        ttft_s=[result.ttft_s],
+        window_s=result.decode_s,
+        window_tokens=len(result.tokens) - 1,
+        steps=len(result.tokens),
+        drafted=0,
+        accepted=0,
+        k_chosen=[],
+        drafter=None,
+        cpu_share=result.cpu_share,
+        others_busy=result.others_busy,
+    )
 
 
-async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[int],
-                         on_latency_done: Any) -> dict[str, Any]:
+async def _measure_setup(
+    ring: Ring, settings: RingSettings, prompt_ids: list[int], on_latency_done: Any
+) -> dict[str, Any]:
     """Pilot, then every latency's rounds; returns this setup's raw results."""
     assert ring.proxy is not None
     await ring.connect()
     loop = asyncio.get_running_loop()
-    result: dict[str, Any] = {"model": ring.setup.model, "stages": ring.setup.stages,
-                              "layers": [len(stage.layers) for stage in ring.manifest.stages], "latencies": {}}
+    result: dict[str, Any] = {
+        "model": ring.setup.model,
+        "stages": ring.setup.stages,
+        "layers": [len(stage.layers) for stage in ring.manifest.stages],
+        "latencies": {},
+    }
     try:
         first_latency = settings.latencies[0]
         speculative = any(c in SPECULATIVE for c in settings.configs)
@@ -909,36 +1089,50 @@ async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[in
                 result["pilots"][latency], result["drafters"][latency] = pilot, drafter
             configs = tuple(c for c in settings.configs if c != "mono" or latency == first_latency)
             runs: dict[str, list[RingRun]] = {c: [] for c in configs}
-            _progress(f"{ring.setup.label}: {latency:g} ms per hop, {tokens} tokens, {settings.runs} rounds of "
-                      f"{', '.join(configs)}")
+            _progress(
+                f"{ring.setup.label}: {latency:g} ms per hop, {tokens} tokens, {settings.runs} rounds of "
+                f"{', '.join(configs)}"
+            )
             for round_index in range(settings.runs):
                 await ring.wait_quiet(settings.quiet_wait)
                 for config in rotation(configs, round_index):
                     if config == "mono":
                         assert ring.exports.mono is not None
                         ov_cache = ring.cache_dir / "bench" / _slug(ring.setup.model) / "ov-cache"
-                        done = await loop.run_in_executor(None, _mono_run, ring.exports.mono, prompt_ids, tokens,
-                                                          settings, ov_cache)
+                        done = await loop.run_in_executor(
+                            None, _mono_run, ring.exports.mono, prompt_ids, tokens, settings, ov_cache
+                        )
                         mono_runs.append(done)
                     else:
                         kind = drafter if config in SPECULATIVE else None
-                        await ring.generate(config, latency, settings.warmup_tokens, kind,
-                                            prompt_ids[:WARMUP_PROMPT_TOKENS])
+                        await ring.generate(
+                            config, latency, settings.warmup_tokens, kind, prompt_ids[:WARMUP_PROMPT_TOKENS]
+                        )
                         done = await ring.generate(config, latency, tokens, kind, prompt_ids)
                     runs[config].append(done)
-                    extra = "" if done.acceptance is None else (
-                        f", acceptance {_pct(done.acceptance)}, median K {done.median_k:g}")
+                    extra = (
+                        ""
+                        if done.acceptance is None
+                        else (f", acceptance {_pct(done.acceptance)}, median K {done.median_k:g}")
+                    )
                     if done.drafted_ahead:
                         extra += f", drafts ahead used {done.ahead_used}/{done.drafted_ahead}"
-                    users = "" if len(done.per_user_tok_s) < 2 else (
-                        " (per user " + ", ".join(f"{v:.2f}" for v in done.per_user_tok_s) + ")")
+                    users = (
+                        ""
+                        if len(done.per_user_tok_s) < 2
+                        else (" (per user " + ", ".join(f"{v:.2f}" for v in done.per_user_tok_s) + ")")
+                    )
                     load = "" if done.foreign_busy is None else f", others {100 * done.foreign_busy:.0f} % busy"
                     if done.others_busy is not None:
                         load = f", other core {100 * done.others_busy:.0f} % busy"
-                    _progress(f"{ring.setup.label} @{latency:g} ms round {round_index + 1}/{settings.runs} "
-                              f"{config:<9} {done.tok_s:7.2f} tok/s{users}{extra}{load}")
-            result["latencies"][latency] = {"tokens": tokens, "runs": {c: [dataclasses.asdict(r) for r in rs]
-                                                                       for c, rs in runs.items()}}
+                    _progress(
+                        f"{ring.setup.label} @{latency:g} ms round {round_index + 1}/{settings.runs} "
+                        f"{config:<9} {done.tok_s:7.2f} tok/s{users}{extra}{load}"
+                    )
+            result["latencies"][latency] = {
+                "tokens": tokens,
+                "runs": {c: [dataclasses.asdict(r) for r in rs] for c, rs in runs.items()},
+            }
             on_latency_done(result)
         result["proxy_stats"] = ring.proxy.stats()
     finally:
@@ -946,8 +1140,9 @@ async def _measure_setup(ring: Ring, settings: RingSettings, prompt_ids: list[in
     return result
 
 
-async def _pilot(ring: Ring, settings: RingSettings, latency: float,
-                 prompt_ids: list[int]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+async def _pilot(
+    ring: Ring, settings: RingSettings, latency: float, prompt_ids: list[int]
+) -> tuple[str, dict[str, list[dict[str, Any]]]]:
     """The drafter for pp+sd at one latency: ``--drafter``, or the fastest in a pilot of every kind."""
     if settings.drafter != "best":
         return settings.drafter, {}
@@ -958,8 +1153,10 @@ async def _pilot(ring: Ring, settings: RingSettings, latency: float,
             await ring.generate("pp+sd", latency, settings.warmup_tokens, kind, prompt_ids[:WARMUP_PROMPT_TOKENS])
             done = await ring.generate("pp+sd", latency, tokens, kind, prompt_ids)
             pilot.setdefault(kind, []).append({"tok_s": done.tok_s, "acceptance": done.acceptance, "k": done.median_k})
-            _progress(f"{ring.setup.label} @{latency:g} ms: pilot {kind:<11} {done.tok_s:7.2f} tok/s, acceptance "
-                      f"{_pct(done.acceptance)}, median K {done.median_k}")
+            _progress(
+                f"{ring.setup.label} @{latency:g} ms: pilot {kind:<11} {done.tok_s:7.2f} tok/s, acceptance "
+                f"{_pct(done.acceptance)}, median K {done.median_k}"
+            )
     best = max(pilot, key=lambda k: statistics.median(p["tok_s"] for p in pilot[k]))
     _progress(f"{ring.setup.label} @{latency:g} ms: best drafter: {best}")
     return best, pilot
@@ -969,7 +1166,8 @@ def _pilot_text(pilot: dict[str, list[dict[str, Any]]]) -> str:
     return "; ".join(
         f"{kind} {statistics.median(p['tok_s'] for p in runs):.2f} tok/s, acceptance "
         f"{_pct(_median([p['acceptance'] for p in runs]))}, K {_opt(_median([p['k'] for p in runs]), 'g')}"
-        for kind, runs in pilot.items())
+        for kind, runs in pilot.items()
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -1010,8 +1208,9 @@ def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
 
     for setup in settings.setups:
         setup_exports = exports[setup]
-        prompt_ids = _prompt_ids(setup_exports.ring, settings.prompt, max(settings.tokens, *settings.tokens_at.values(),
-                                                                            settings.tokens))
+        prompt_ids = _prompt_ids(
+            setup_exports.ring, settings.prompt, max(settings.tokens, *settings.tokens_at.values(), settings.tokens)
+        )
         ring = Ring(setup, setup_exports, settings, cache_dir, fleet_dir, log_dir)
         current: dict[str, Any] = {}
 
@@ -1045,8 +1244,9 @@ def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
 def _settings_json(settings: RingSettings) -> dict[str, Any]:
     data = dataclasses.asdict(settings)
     data["setups"] = [dataclasses.asdict(s) for s in settings.setups]
-    data["latency_setups"] = None if settings.latency_setups is None else [
-        dataclasses.asdict(s) for s in settings.latency_setups]
+    data["latency_setups"] = (
+        None if settings.latency_setups is None else [dataclasses.asdict(s) for s in settings.latency_setups]
+    )
     data["tokens_at"] = {f"{k:g}": v for k, v in settings.tokens_at.items()}
     return data
 
@@ -1076,8 +1276,11 @@ def config_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "drafter": runs[0]["drafter"],
         "users": len(runs[0]["per_user_tok_s"]),
         "ttft_s": statistics.median(statistics.fmean(r["ttft_s"]) for r in runs),
-        "tokens_per_step": _median([(len(r["tokens"][0]) - 1) * len(r["tokens"]) / r["steps"] if r["steps"] else None
-                                    for r in runs]) if runs[0]["config"] != "mono" else None,
+        "tokens_per_step": _median(
+            [(len(r["tokens"][0]) - 1) * len(r["tokens"]) / r["steps"] if r["steps"] else None for r in runs]
+        )
+        if runs[0]["config"] != "mono"
+        else None,
     }
     if runs[0]["config"] == "mono":
         figures["cpu_share_min"] = min(r["cpu_share"] for r in runs)
@@ -1088,14 +1291,17 @@ def config_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     # how busy each stage was during the decode window (pipelining fills the stages)
     figures["stage_busy"] = [statistics.median([r["head_stage_s"] / r["window_s"] for r in runs])] + [
         statistics.median([r["agent_compute_s"][i] / r["window_s"] for r in runs])
-        for i in range(len(runs[0]["agent_compute_s"]))]
+        for i in range(len(runs[0]["agent_compute_s"]))
+    ]
+
     # compute per decoded token of each stage: with two users it rises where the stages' cores slow each other
     def compute_s(run: dict[str, Any], stage: int) -> float:
         return float(run["head_stage_s"] if stage == 0 else run["agent_compute_s"][stage - 1])
 
     figures["stage_ms_per_token"] = [
         statistics.median([1e3 * compute_s(r, i) / r["window_s"] / r["tok_s"] for r in runs])
-        for i in range(1 + len(runs[0]["agent_compute_s"]))]
+        for i in range(1 + len(runs[0]["agent_compute_s"]))
+    ]
     if figures["users"] == 1:
         figures["time_split"] = time_split(runs)
     return figures
@@ -1127,13 +1333,21 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "head_kv_cut_ms": per_token(lambda r: r.get("head_kv_cut_s", 0.0)),
         "head_ov_latency_ms": per_token(lambda r: r["head_ov_latency_s"]),
         "draft_ms": per_token(lambda r: r["draft_s"]),
-        "agents_compute_ms": [1e3 * statistics.median(r["agent_compute_s"][i] / r["window_tokens"] for r in runs)
-                              for i in range(len(runs[0]["agent_compute_s"]))],
-        "agents_kv_cut_ms": [1e3 * statistics.median(_agent_kv_cut(r, i) / r["window_tokens"] for r in runs)
-                             for i in range(len(runs[0]["agent_compute_s"]))],
+        "agents_compute_ms": [
+            1e3 * statistics.median(r["agent_compute_s"][i] / r["window_tokens"] for r in runs)
+            for i in range(len(runs[0]["agent_compute_s"]))
+        ],
+        "agents_kv_cut_ms": [
+            1e3 * statistics.median(_agent_kv_cut(r, i) / r["window_tokens"] for r in runs)
+            for i in range(len(runs[0]["agent_compute_s"]))
+        ],
         "agents_other_cpu_ms": [
-            1e3 * statistics.median(max(0.0, r["agent_cpu_s"][i] - r["agent_compute_s"][i]) / r["window_tokens"]
-                                    for r in runs) for i in range(len(runs[0]["agent_compute_s"]))],
+            1e3
+            * statistics.median(
+                max(0.0, r["agent_cpu_s"][i] - r["agent_compute_s"][i]) / r["window_tokens"] for r in runs
+            )
+            for i in range(len(runs[0]["agent_compute_s"]))
+        ],
         "head_loop_cpu_ms": per_token(lambda r: r["loop_cpu_s"]),
         "head_loop_kernel_ms": per_token(lambda r: r.get("loop_kernel_s", 0.0)),
         "head_loop_python_ms": per_token(loop_user),
@@ -1141,8 +1355,10 @@ def time_split(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "wire_and_rest_ms": per_token(rest),
         "steps_per_token": statistics.median(r["steps"] / (len(r["tokens"][0])) for r in runs),
         # results saved before bytes were counted have none
-        "wire_bytes_per_step": [_median([r[key] / r["steps"] if r.get(key) is not None and r["steps"] else None
-                                         for r in runs]) for key in ("wire_sent_bytes", "wire_received_bytes")],
+        "wire_bytes_per_step": [
+            _median([r[key] / r["steps"] if r.get(key) is not None and r["steps"] else None for r in runs])
+            for key in ("wire_sent_bytes", "wire_received_bytes")
+        ],
     }
     split["head_python_ms"] = split["head_loop_python_ms"] + split["head_executor_python_ms"]
     split["python_share"] = statistics.median((loop_user(r) + executor_python(r)) / r["window_s"] for r in runs)
@@ -1159,8 +1375,10 @@ def _drafters_by_latency(setup: dict[str, Any]) -> tuple[dict[str, str], dict[st
     """The pp+sd drafter and its pilot per latency (``"100"``: ...), also from raw results saved before
     per-latency pilots, which held one drafter and one pilot, run at the first latency."""
     if "drafters" in setup:
-        return ({f"{float(k):g}": v for k, v in setup["drafters"].items()},
-                {f"{float(k):g}": v for k, v in setup.get("pilots", {}).items()})
+        return (
+            {f"{float(k):g}": v for k, v in setup["drafters"].items()},
+            {f"{float(k):g}": v for k, v in setup.get("pilots", {}).items()},
+        )
     if not setup.get("drafter") or not setup.get("latencies"):
         return {}, {}
     first = f"{float(next(iter(setup['latencies']))):g}"
@@ -1199,20 +1417,37 @@ def build_report(raw: dict[str, Any]) -> dict[str, Any]:
             cells.append(cell)
         drafters, pilots = _drafters_by_latency(setup)
         first_piloted = next(iter(drafters), None)
-        entry = {"model": setup["model"], "stages": setup["stages"], "layers": setup.get("layers"),
-                 "prompt_tokens": setup.get("prompt_tokens"),
-                 # drafter / pilot: those of the first latency, as reports had them before per-latency pilots
-                 "drafter": drafters.get(first_piloted), "pilot": pilots.get(first_piloted, {}),
-                 "drafters": drafters, "pilots": pilots, "cells": cells,
-                 "proxy_stats": setup.get("proxy_stats"), "exports": setup.get("exports")}
+        entry = {
+            "model": setup["model"],
+            "stages": setup["stages"],
+            "layers": setup.get("layers"),
+            "prompt_tokens": setup.get("prompt_tokens"),
+            # drafter / pilot: those of the first latency, as reports had them before per-latency pilots
+            "drafter": drafters.get(first_piloted),
+            "pilot": pilots.get(first_piloted, {}),
+            "drafters": drafters,
+            "pilots": pilots,
+            "cells": cells,
+            "proxy_stats": setup.get("proxy_stats"),
+            "exports": setup.get("exports"),
+        }
         entry["goals"] = _goals(cells)
         setups.append(entry)
     report: dict[str, Any] = {"settings": raw["settings"], "machine": raw["machine"], "setups": setups}
     if setups and setups[0]["cells"]:
         first = setups[0]["cells"][0]
-        report.update({"model": setups[0]["model"], "stages": setups[0]["stages"], "latency_ms": first["latency_ms"],
-                       "tokens": first["tokens"], "runs": raw["settings"]["runs"], "configs": first["configs"],
-                       "ratios": first["ratios"], "goals": setups[0]["goals"]})
+        report.update(
+            {
+                "model": setups[0]["model"],
+                "stages": setups[0]["stages"],
+                "latency_ms": first["latency_ms"],
+                "tokens": first["tokens"],
+                "runs": raw["settings"]["runs"],
+                "configs": first["configs"],
+                "ratios": first["ratios"],
+                "goals": setups[0]["goals"],
+            }
+        )
     return report
 
 
@@ -1244,18 +1479,28 @@ def _goals(cells: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("pp+sd+mb/mono", "pp+sd/pp", "pp+mb/pp"):
         ratio = base["ratios"].get(key)
         if ratio is not None:
-            goals[f"{key}@{base['latency_ms']:g}ms"] = {"target": GOALS[key], "ratio": ratio,
-                                                          "pass": ratio >= GOALS[key]}
+            goals[f"{key}@{base['latency_ms']:g}ms"] = {
+                "target": GOALS[key],
+                "ratio": ratio,
+                "pass": ratio >= GOALS[key],
+            }
     at_100 = next((c for c in cells if c["latency_ms"] == 100.0), None)
     if at_100 is not None and "pp+sd+mb/pp" in at_100["ratios"]:
         ratio = at_100["ratios"]["pp+sd+mb/pp"]
-        goals["pp+sd+mb/pp@100ms"] = {"target": GOALS["pp+sd+mb/pp@100ms"], "ratio": ratio,
-                                      "pass": ratio >= GOALS["pp+sd+mb/pp@100ms"]}
+        goals["pp+sd+mb/pp@100ms"] = {
+            "target": GOALS["pp+sd+mb/pp@100ms"],
+            "ratio": ratio,
+            "pass": ratio >= GOALS["pp+sd+mb/pp@100ms"],
+        }
     shares = {name: f["time_split"]["python_share"] for name, f in base["configs"].items() if "time_split" in f}
     if shares:
         worst = max(shares.values())
-        goals[f"python_share@{base['latency_ms']:g}ms"] = {"target": PYTHON_SHARE_GOAL, "share": worst,
-                                                           "by_config": shares, "pass": worst < PYTHON_SHARE_GOAL}
+        goals[f"python_share@{base['latency_ms']:g}ms"] = {
+            "target": PYTHON_SHARE_GOAL,
+            "share": worst,
+            "by_config": shares,
+            "pass": worst < PYTHON_SHARE_GOAL,
+        }
     return goals
 
 
@@ -1285,10 +1530,13 @@ def _two_users_compute_text(setup: dict[str, Any]) -> list[str]:
     if not one or not two:
         return []
     ratios = " / ".join(f"{b / a:.2f}×" for a, b in zip(one, two, strict=True))
-    return [f"Compute per token of each stage (head / agents) at {setup['cells'][0]['latency_ms']} ms/hop: pp "
-            f"{' / '.join(f'{a:.1f}' for a in one)} ms, pp+mb {' / '.join(f'{b:.1f}' for b in two)} ms ({ratios}): "
-            "two users make the stages compute at the same time, and where the PCs are cores of one machine they "
-            "slow each other (`shoal bench stages --together` measures it).", ""]
+    return [
+        f"Compute per token of each stage (head / agents) at {setup['cells'][0]['latency_ms']} ms/hop: pp "
+        f"{' / '.join(f'{a:.1f}' for a in one)} ms, pp+mb {' / '.join(f'{b:.1f}' for b in two)} ms ({ratios}): "
+        "two users make the stages compute at the same time, and where the PCs are cores of one machine they "
+        "slow each other (`shoal bench stages --together` measures it).",
+        "",
+    ]
 
 
 def _rows(setup: dict[str, Any]) -> Iterator[list[str]]:
@@ -1299,23 +1547,40 @@ def _rows(setup: dict[str, Any]) -> Iterator[list[str]]:
                 continue
             paired = cell["paired_ratios"].get(f"{name}/pp")
             yield [
-                f"{latency:g}", name, f"{_speed(f['tok_s'])} ({_speed(f['min'])}-{_speed(f['max'])})",
+                f"{latency:g}",
+                name,
+                f"{_speed(f['tok_s'])} ({_speed(f['min'])}-{_speed(f['max'])})",
                 "-" if f["users"] < 2 else f"{_speed(f['per_user_tok_s'])}",
-                _opt(None if f["acceptance"] is None else 100 * f["acceptance"], ".0f") + (
-                    " %" if f["acceptance"] is not None else ""),
+                _opt(None if f["acceptance"] is None else 100 * f["acceptance"], ".0f")
+                + (" %" if f["acceptance"] is not None else ""),
                 "-" if f["k"] is None else f"{f['k']:g} ({f.get('k_max', 0):g})",
                 _opt(cell["ratios"].get(f"{name}/mono"), ".2f") if name != "mono" else "1.00",
                 ("1.00" if name == "pp" else _opt(cell["ratios"].get(f"{name}/pp"), ".2f")) if name != "mono" else "-",
                 "-" if paired is None else f"{paired['median']:.2f} ({paired['min']:.2f}-{paired['max']:.2f})",
                 "-" if "stage_busy" not in f else " / ".join(f"{100 * b:.0f}" for b in f["stage_busy"]),
-                (f"{100 * f['foreign_busy_median']:.0f} ({100 * f['foreign_busy_max']:.0f})"
-                 if "foreign_busy_median" in f else
-                 f"core {100 * f['other_core_busy_max']:.0f} max" if "other_core_busy_max" in f else "-"),
+                (
+                    f"{100 * f['foreign_busy_median']:.0f} ({100 * f['foreign_busy_max']:.0f})"
+                    if "foreign_busy_median" in f
+                    else f"core {100 * f['other_core_busy_max']:.0f} max"
+                    if "other_core_busy_max" in f
+                    else "-"
+                ),
             ]
 
 
-HEADER = ["ms/hop", "config", "tok/s median (min-max)", "per user", "acceptance", "K median (max)", "× mono", "× pp",
-          "paired × pp (min-max)", "stage busy % (head / agents)", "others busy % median (max)"]
+HEADER = [
+    "ms/hop",
+    "config",
+    "tok/s median (min-max)",
+    "per user",
+    "acceptance",
+    "K median (max)",
+    "× mono",
+    "× pp",
+    "paired × pp (min-max)",
+    "stage busy % (head / agents)",
+    "others busy % median (max)",
+]
 
 
 def _rewind_sentence(settings: dict[str, Any]) -> str:
@@ -1323,7 +1588,7 @@ def _rewind_sentence(settings: dict[str, Any]) -> str:
     rewind = settings.get("rewind") or ("compact" if settings.get("compact_rewind") else "mask")
     return {
         "auto": " Stages cut rejected drafts out of the KV state wherever masking them would be inexact "
-                "(`--rewind auto`: every one-thread CPU stage computing below f32).",
+        "(`--rewind auto`: every one-thread CPU stage computing below f32).",
         "compact": " Stages cut rejected drafts out of the KV state (`--rewind compact`).",
         "mask": " Stages mask rejected drafts out of attention (`--rewind mask`).",
     }[rewind]
@@ -1337,11 +1602,15 @@ def _bytes_per_step(split: dict[str, Any]) -> str:
 
 
 def render_table(report: dict[str, Any]) -> str:
-    lines = [f"shoal bench ring: {report['settings']['runs']} runs per configuration; "
-             f"{report['machine'].get('cpu', '?')}"]
+    lines = [
+        f"shoal bench ring: {report['settings']['runs']} runs per configuration; {report['machine'].get('cpu', '?')}"
+    ]
     for setup in report["setups"]:
-        lines += ["", f"{setup['model']}, {setup['stages']} stages (drafter for pp+sd: {setup['drafter']})",
-                  "  ".join(HEADER)]
+        lines += [
+            "",
+            f"{setup['model']}, {setup['stages']} stages (drafter for pp+sd: {setup['drafter']})",
+            "  ".join(HEADER),
+        ]
         lines += ["  ".join(row) for row in _rows(setup)]
         lines += [_goal_text(name, goal) for name, goal in setup["goals"].items()]
     return "\n".join(lines)
@@ -1372,8 +1641,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         "of the first latency only (a fresh `openvino_genai.LLMPipeline` process per run, one thread). Aggregate "
         "tok/s excludes each user's first token; 2-user configurations are two concurrent sessions of the same "
         "prompt from the one head. Latency = one-way delay per hop added by a userspace proxy in front of each "
-        "agent's port (in the path at 0 ms too); N stages = N hops per ring token."
-        + _rewind_sentence(settings),
+        "agent's port (in the path at 0 ms too); N stages = N hops per ring token." + _rewind_sentence(settings),
         "",
         "Prompt (user message, chat template applied): " + json.dumps(settings["prompt"]),
         "",
@@ -1382,7 +1650,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         pilots = setup["pilots"]
         drafter_text = "; ".join(
             f"at {latency} ms **{kind}**" + (f" (pilot: {_pilot_text(pilots[latency])})" if pilots.get(latency) else "")
-            for latency, kind in setup["drafters"].items())
+            for latency, kind in setup["drafters"].items()
+        )
         lines += [
             f"### {setup['model']}, {setup['stages']} stages",
             "",
@@ -1394,15 +1663,20 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
             "|" + "---:|" * 2 + "---:|" * (len(HEADER) - 2),
         ]
         lines += ["| " + " | ".join(row) + " |" for row in _rows(setup)]
-        lines += ["", "× mono: ratio of medians against `mono` at the first latency; × pp: against pp at the same "
-                  "latency; paired: median of the per-round ratios. K: medians over runs of the median and the "
-                  "maximum K of a run (the last steps of a run draft at most the tokens still to go; a step where "
-                  "the n-gram drafter found no match chooses no K). Stage busy: "
-                  "compute time / decode wall time of "
-                  "stage 0 on the head and of each agent. Others busy: share of the whole machine's CPU time (both "
-                  "cores) used by processes other than this benchmark's during the run (for mono: the busiest the "
-                  "other core was).", "",
-                  "Goals: " + "; ".join(_goal_text(n, g) for n, g in setup["goals"].items()) + ".", ""]
+        lines += [
+            "",
+            "× mono: ratio of medians against `mono` at the first latency; × pp: against pp at the same "
+            "latency; paired: median of the per-round ratios. K: medians over runs of the median and the "
+            "maximum K of a run (the last steps of a run draft at most the tokens still to go; a step where "
+            "the n-gram drafter found no match chooses no K). Stage busy: "
+            "compute time / decode wall time of "
+            "stage 0 on the head and of each agent. Others busy: share of the whole machine's CPU time (both "
+            "cores) used by processes other than this benchmark's during the run (for mono: the busiest the "
+            "other core was).",
+            "",
+            "Goals: " + "; ".join(_goal_text(n, g) for n, g in setup["goals"].items()) + ".",
+            "",
+        ]
         lines += _two_users_compute_text(setup)
         split_rows = []
         for cell in setup["cells"]:
@@ -1413,12 +1687,14 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                 split_rows.append(
                     f"| {cell['latency_ms']:g} | {name} | {s['wall_ms']:.2f} | {s['head_stage_ms']:.2f} "
                     f"({s['head_infer_ms']:.2f}, {s.get('head_kv_cut_ms', 0.0):.2f}) | {s['draft_ms']:.2f} | "
-                    + " / ".join(f"{v:.2f} ({c:.2f})" for v, c in
-                                 zip(s["agents_compute_ms"], s["agents_kv_cut_ms"], strict=True))
+                    + " / ".join(
+                        f"{v:.2f} ({c:.2f})" for v, c in zip(s["agents_compute_ms"], s["agents_kv_cut_ms"], strict=True)
+                    )
                     + f" | {s['head_loop_python_ms']:.2f} + {s['head_executor_python_ms']:.2f} = "
                     f"{100 * s['python_share']:.1f} % | {s['head_loop_kernel_ms']:.2f} | {s['wire_and_rest_ms']:.2f} | "
                     + " / ".join(f"{v:.2f}" for v in s["agents_other_cpu_ms"])
-                    + f" | {s['steps_per_token']:.2f} | {_bytes_per_step(s)} |")
+                    + f" | {s['steps_per_token']:.2f} | {_bytes_per_step(s)} |"
+                )
         if split_rows:
             lines += [
                 "Per decoded token (ms, medians; 1-user configurations): stage 0 on the head (of which in "
@@ -1439,11 +1715,16 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
                 *split_rows,
                 "",
             ]
-        disagreements = [f"{pair} at {cell['latency_ms']:g} ms: {a['same']}/{a['total']}"
-                         for cell in setup["cells"] for pair, a in cell["agreement"].items() if a["first_difference"]
-                         is not None]
-        lines.append("- Greedy tokens of every user of every configuration identical to pp's: "
-                     + ("yes." if not disagreements else "no: " + "; ".join(disagreements) + "."))
+        disagreements = [
+            f"{pair} at {cell['latency_ms']:g} ms: {a['same']}/{a['total']}"
+            for cell in setup["cells"]
+            for pair, a in cell["agreement"].items()
+            if a["first_difference"] is not None
+        ]
+        lines.append(
+            "- Greedy tokens of every user of every configuration identical to pp's: "
+            + ("yes." if not disagreements else "no: " + "; ".join(disagreements) + ".")
+        )
         lines.append("")
     return "\n".join(lines) + "\n"
 

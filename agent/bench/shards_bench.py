@@ -156,14 +156,19 @@ def _measure(
             for name in rotation(settings.configs, run):
                 for attempt in range(1 + DISTURBED_RETRIES):
                     result = _one_run(name, specs[name], workers.get(name), settings)
-                    print(f"bench: run {run + 1}/{settings.runs} {name:<8} {result.tok_s:7.2f} tok/s, "
-                          f"TTFT {result.ttft_s:.3f} s, CPU share {result.cpu_share:.2f}, "
-                          f"other cores {100 * result.others_busy:.0f} % busy", file=sys.stderr)
+                    print(
+                        f"bench: run {run + 1}/{settings.runs} {name:<8} {result.tok_s:7.2f} tok/s, "
+                        f"TTFT {result.ttft_s:.3f} s, CPU share {result.cpu_share:.2f}, "
+                        f"other cores {100 * result.others_busy:.0f} % busy",
+                        file=sys.stderr,
+                    )
                     if result.cpu_share >= settings.min_cpu_share or attempt == DISTURBED_RETRIES:
                         break
                     repeated[name] += 1
-                    print(f"bench: another process took core {settings.core} during that run, repeating it",
-                          file=sys.stderr)
+                    print(
+                        f"bench: another process took core {settings.core} during that run, repeating it",
+                        file=sys.stderr,
+                    )
                 results[name].append(result)
     return results, repeated
 
@@ -201,9 +206,7 @@ def _slug(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-") or "model"
 
 
-def _prepare_exports(
-    model: str, configs: tuple[str, ...], work: Path, cache_dir: Path
-) -> dict[str, PreparedExport]:
+def _prepare_exports(model: str, configs: tuple[str, ...], work: Path, cache_dir: Path) -> dict[str, PreparedExport]:
     exports: dict[str, PreparedExport] = {}
     for name in configs:
         if name == BASELINE:
@@ -226,14 +229,16 @@ def _prompt_ids(exports: dict[str, PreparedExport], prompt: str, tokens: int) ->
         manifest = Manifest.load(shoal[0].path)
         ids = ChatTokenizer(shoal[0].path / "tokenizer").encode_chat([{"role": "user", "content": prompt}])
         if len(ids) + tokens > manifest.context_tokens:
-            raise BenchError(f"prompt ({len(ids)} tokens) + {tokens} tokens exceeds the "
-                             f"{manifest.context_tokens}-token context")
+            raise BenchError(
+                f"prompt ({len(ids)} tokens) + {tokens} tokens exceeds the {manifest.context_tokens}-token context"
+            )
         return ids
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(exports[BASELINE].path))
-    encoded: Any = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                 tokenize=True)
+    encoded: Any = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
     ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
     return [int(i) for i in ids]
 
@@ -253,8 +258,10 @@ def _wait_for_quiet(core: int, patience: float) -> None:
         if busy <= QUIET_BUSY:
             return
         if time.monotonic() >= deadline:
-            print(f"bench: other cores still {100 * busy:.0f} % busy after {patience:.0f} s, measuring anyway",
-                  file=sys.stderr)
+            print(
+                f"bench: other cores still {100 * busy:.0f} % busy after {patience:.0f} s, measuring anyway",
+                file=sys.stderr,
+            )
             return
         if not announced:
             print(f"bench: other cores {100 * busy:.0f} % busy, waiting for quiet", file=sys.stderr)
@@ -282,8 +289,7 @@ def _export_json(export: PreparedExport) -> dict[str, Any]:
         recorded = recorded_steps(export.path)
         if recorded:
             data["recorded_steps"] = {name: m.__dict__ for name, m in recorded.items()}
-    data["weights_mb"] = sum(p.stat().st_size for p in export.path.rglob("*.bin")
-                             if "tokenizer" not in p.name) / 1e6
+    data["weights_mb"] = sum(p.stat().st_size for p in export.path.rglob("*.bin") if "tokenizer" not in p.name) / 1e6
     return data
 
 

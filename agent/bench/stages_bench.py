@@ -53,9 +53,12 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--core", type=int, default=None, help="pin to this core first (default: the last usable)")
     b.add_argument("--prompt-tokens", type=int, default=100, help="positions in the cache before timing")
     b.add_argument("--tokens", type=int, default=50, help="timed decode steps (after 10 untimed ones)")
-    b.add_argument("--together", action="store_true",
-                   help="also time the stages all at once, each in a process on its own core (stage i on the "
-                        "i-th usable core, round robin)")
+    b.add_argument(
+        "--together",
+        action="store_true",
+        help="also time the stages all at once, each in a process on its own core (stage i on the "
+        "i-th usable core, round robin)",
+    )
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
@@ -69,18 +72,28 @@ def run_bench_stages(args: argparse.Namespace, cache_dir: Path) -> int:
         raise BenchError(f"--core must be one of the usable cores {allowed}")
     together: dict[str, list[TogetherTiming]] = {}
     if args.together:  # first, in child processes, before this one pins itself
-        together = {str(path): time_stages_together(path, allowed, args.threads, args.prompt_tokens, args.tokens,
-                                                    cache_dir)
-                    for path in args.exports}
+        together = {
+            str(path): time_stages_together(path, allowed, args.threads, args.prompt_tokens, args.tokens, cache_dir)
+            for path in args.exports
+        }
     # pin before OpenVINO builds its thread pool, so that the pool sees one CPU
     os.sched_setaffinity(0, {core})
-    results = {str(path): [asdict(t) for t in time_stages(path, args.threads, args.prompt_tokens, args.tokens,
-                                                          cache_dir)]
-               for path in args.exports}
+    results = {
+        str(path): [asdict(t) for t in time_stages(path, args.threads, args.prompt_tokens, args.tokens, cache_dir)]
+        for path in args.exports
+    }
     if args.json:
-        sys.stdout.write(json.dumps({"core": core, "threads": args.threads, "exports": results,
-                                     "together": {path: [asdict(t) for t in timings]
-                                                  for path, timings in together.items()} or None}) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "core": core,
+                    "threads": args.threads,
+                    "exports": results,
+                    "together": {path: [asdict(t) for t in timings] for path, timings in together.items()} or None,
+                }
+            )
+            + "\n"
+        )
     else:
         for path, timings in results.items():
             print(render_table(path, [StageTiming(**t) for t in timings], together.get(path)))
@@ -114,10 +127,18 @@ def time_stages(export: Path, threads: int, prompt_tokens: int, tokens: int, cac
                 seconds[index].append(time.perf_counter() - started)
     model = StageCostModel.of(manifest.arch, manifest.weights)
     planned = [model.stage(e.num_layers, e.head) for e in manifest.stages]
-    return [StageTiming(name=e.name, layers=e.num_layers, embeddings=e.embeddings, head=e.head,
-                        ms_median=1e3 * statistics.median(s), ms_min=1e3 * min(s),
-                        planned_share=cost / sum(planned))
-            for e, s, cost in zip(manifest.stages, seconds, planned, strict=True)]
+    return [
+        StageTiming(
+            name=e.name,
+            layers=e.num_layers,
+            embeddings=e.embeddings,
+            head=e.head,
+            ms_median=1e3 * statistics.median(s),
+            ms_min=1e3 * min(s),
+            planned_share=cost / sum(planned),
+        )
+        for e, s, cost in zip(manifest.stages, seconds, planned, strict=True)
+    ]
 
 
 def _check_context(context_tokens: int, prompt_tokens: int, tokens: int) -> None:
@@ -140,8 +161,9 @@ class TogetherTiming:
     together_ms: float
 
 
-def time_stages_together(export: Path, cores: list[int], threads: int, prompt_tokens: int, tokens: int,
-                         cache_dir: Path) -> list[TogetherTiming]:
+def time_stages_together(
+    export: Path, cores: list[int], threads: int, prompt_tokens: int, tokens: int, cache_dir: Path
+) -> list[TogetherTiming]:
     """Each stage of ``export`` in its own process on ``cores[i % len(cores)]``, timed alone (the others
     waiting) and while all of them step at once, in alternating rounds."""
     from shards.manifest import Manifest
@@ -151,10 +173,25 @@ def time_stages_together(export: Path, cores: list[int], threads: int, prompt_to
     spawn = multiprocessing.get_context("spawn")  # a fresh OpenVINO per child, pinned before it starts
     count = len(manifest.stages)
     barrier, done, answers = spawn.Barrier(count), spawn.Value("i", 0), spawn.Queue()
-    children = [spawn.Process(target=_time_stage_in_child, daemon=True,
-                              args=(export, index, cores[index % len(cores)], threads, prompt_tokens, tokens,
-                                    cache_dir, barrier, done, answers))
-                for index in range(count)]
+    children = [
+        spawn.Process(
+            target=_time_stage_in_child,
+            daemon=True,
+            args=(
+                export,
+                index,
+                cores[index % len(cores)],
+                threads,
+                prompt_tokens,
+                tokens,
+                cache_dir,
+                barrier,
+                done,
+                answers,
+            ),
+        )
+        for index in range(count)
+    ]
     for child in children:
         child.start()
     try:
@@ -175,8 +212,18 @@ def time_stages_together(export: Path, cores: list[int], threads: int, prompt_to
     return [timings[i] for i in range(count)]
 
 
-def _time_stage_in_child(export: Path, index: int, core: int, threads: int, prompt_tokens: int, tokens: int,
-                         cache_dir: Path, barrier: Any, done: Any, answers: Any) -> None:
+def _time_stage_in_child(
+    export: Path,
+    index: int,
+    core: int,
+    threads: int,
+    prompt_tokens: int,
+    tokens: int,
+    cache_dir: Path,
+    barrier: Any,
+    done: Any,
+    answers: Any,
+) -> None:
     import numpy as np
 
     from agent.runtime.stage import CompiledStage, RuntimeConfig
@@ -185,8 +232,9 @@ def _time_stage_in_child(export: Path, index: int, core: int, threads: int, prom
     os.sched_setaffinity(0, {core})
     manifest = Manifest.load(export)
     entry, count = manifest.stages[index], len(manifest.stages)
-    stage = CompiledStage(export, entry, manifest.weights, RuntimeConfig(device="CPU", threads=threads,
-                                                                         cache_dir=cache_dir / "ov-cache"))
+    stage = CompiledStage(
+        export, entry, manifest.weights, RuntimeConfig(device="CPU", threads=threads, cache_dir=cache_dir / "ov-cache")
+    )
     session = stage.new_session()
     rng = np.random.default_rng(index)
 
@@ -234,20 +282,32 @@ def render_table(export: str, timings: list[StageTiming], together: list[Togethe
     """A markdown table: measured and planned share of each stage (and, if measured, its time alone and
     beside the others running at once, each stage in its own process)."""
     total = sum(t.ms_median for t in timings)
-    lines = [f"{export}: {total:.2f} ms per token through all stages (sum of medians)", "",
-             "| stage | layers | ends | ms/token median (min) | measured share | planned share |"
-             + (" own process: alone → all at once, ms/token |" if together else ""),
-             "|---|---:|---|---:|---:|---:|" + ("---:|" if together else "")]
+    lines = [
+        f"{export}: {total:.2f} ms per token through all stages (sum of medians)",
+        "",
+        "| stage | layers | ends | ms/token median (min) | measured share | planned share |"
+        + (" own process: alone → all at once, ms/token |" if together else ""),
+        "|---|---:|---|---:|---:|---:|" + ("---:|" if together else ""),
+    ]
     for i, t in enumerate(timings):
         ends = "+".join(name for name, held in (("embeddings", t.embeddings), ("LM head", t.head)) if held) or "-"
-        lines.append(f"| {t.name} | {t.layers} | {ends} | {t.ms_median:.2f} ({t.ms_min:.2f}) | "
-                     f"{100 * t.measured_share(total):.1f} % | {100 * t.planned_share:.1f} % |"
-                     + (f" {together[i].alone_ms:.2f} → {together[i].together_ms:.2f} "
-                        f"({together[i].together_ms / together[i].alone_ms:.2f}×) |" if together else ""))
+        lines.append(
+            f"| {t.name} | {t.layers} | {ends} | {t.ms_median:.2f} ({t.ms_min:.2f}) | "
+            f"{100 * t.measured_share(total):.1f} % | {100 * t.planned_share:.1f} % |"
+            + (
+                f" {together[i].alone_ms:.2f} → {together[i].together_ms:.2f} "
+                f"({together[i].together_ms / together[i].alone_ms:.2f}×) |"
+                if together
+                else ""
+            )
+        )
     if together:
         alone_total = sum(t.alone_ms for t in together)
         slowest = max(t.together_ms for t in together)
-        lines += ["", f"Users keeping every stage busy would make about {alone_total / slowest:.2f}× the tokens/s "
-                      f"of one user on this machine (the stages' times alone, summed, over the slowest stage's time "
-                      f"beside the others; the wire and the head's own work left out)."]
+        lines += [
+            "",
+            f"Users keeping every stage busy would make about {alone_total / slowest:.2f}× the tokens/s "
+            f"of one user on this machine (the stages' times alone, summed, over the slowest stage's time "
+            f"beside the others; the wire and the head's own work left out).",
+        ]
     return "\n".join(lines) + "\n"

@@ -135,8 +135,9 @@ class ShoalRunner:
         start = time.perf_counter()
         self.manifest = Manifest.load(export_dir)
         cache = Path(spec.ov_cache_dir) if spec.ov_cache_dir else None
-        self.pipeline = LocalPipeline(export_dir, self.manifest,
-                                      RuntimeConfig(device="CPU", threads=1, cache_dir=cache))
+        self.pipeline = LocalPipeline(
+            export_dir, self.manifest, RuntimeConfig(device="CPU", threads=1, cache_dir=cache)
+        )
         self.load_s = time.perf_counter() - start
 
     def generate(self, count: int) -> Generation:
@@ -154,8 +155,9 @@ class ShoalRunner:
         stamps: list[float] = []
         at_first = (0.0, 0.0)
         began = time.perf_counter()
-        for token in generate(session, self.spec.prompt_ids, count, frozenset(), SamplingParams(),
-                              self.manifest.context_tokens):
+        for token in generate(
+            session, self.spec.prompt_ids, count, frozenset(), SamplingParams(), self.manifest.context_tokens
+        ):
             stamps.append(time.perf_counter())
             tokens.append(token)
             if len(tokens) == 1:
@@ -201,8 +203,9 @@ class MonoRunner:
             raise RuntimeError(f"LLMPipeline produced {len(tokens)} tokens instead of {count}")
         raw = result.perf_metrics.raw_metrics
         # genai's own clock: time to the first token, then the gaps between consecutive tokens (µs)
-        return Generation(tokens=tokens, ttft_s=float(raw.m_times_to_first_token[0]) / 1e6,
-                          decode_s=float(sum(raw.m_durations)) / 1e6)
+        return Generation(
+            tokens=tokens, ttft_s=float(raw.m_times_to_first_token[0]) / 1e6, decode_s=float(sum(raw.m_durations)) / 1e6
+        )
 
 
 def timed_run(runner: Runner, tokens: int) -> RunResult:
@@ -277,8 +280,14 @@ class WorkerProcess:
         # the worker's stderr (OpenVINO warnings, tracebacks) is kept here and shown if it fails
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-        self._proc = subprocess.Popen([sys.executable, "-m", "agent.bench.worker"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.bench.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+        )
         if self._proc.stdin is None or self._proc.stdout is None:  # never: both are pipes
             raise BenchError("cannot talk to a worker process")
         self._stdin, self._stdout = self._proc.stdin, self._proc.stdout

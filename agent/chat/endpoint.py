@@ -49,7 +49,8 @@ class ChatEndpoint:
             data = json.loads(path.read_text())
             return cls(str(data["host"]), int(data["port"]), str(data["token"]), str(data.get("http", "")))
         except FileNotFoundError as exc:
-            raise ChatEndpointError(f"{path} does not exist: start `shoal agent ... --chat 127.0.0.1:0` "
-                                    "on this PC first") from exc
+            raise ChatEndpointError(
+                f"{path} does not exist: start `shoal agent ... --chat 127.0.0.1:0` on this PC first"
+            ) from exc
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ChatEndpointError(f"{path} is not a chat endpoint file: {exc}") from exc

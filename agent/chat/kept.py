@@ -87,8 +87,9 @@ class KeptConversations:
         best.target.resume()
         self.resumed += 1
         self.reused_tokens += best_common
-        log.info("node=%s chat resumes a kept session: %d of %d prompt tokens held", self.node, best_common,
-                 len(prompt_ids))
+        log.info(
+            "node=%s chat resumes a kept session: %d of %d prompt tokens held", self.node, best_common, len(prompt_ids)
+        )
         return best
 
     async def keep(self, kept: KeptConversation, prompt_ids: Sequence[int]) -> bool:

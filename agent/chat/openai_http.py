@@ -31,8 +31,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT = 10.0
-STATUS_OF = {"bad_request": 400, "bad_version": 400, "prompt_too_long": 400, "unauthorized": 401,
-             "not_found": 404, "too_large": 413, "fleet_busy": 429, "ring_unavailable": 503}
+STATUS_OF = {
+    "bad_request": 400,
+    "bad_version": 400,
+    "prompt_too_long": 400,
+    "unauthorized": 401,
+    "not_found": 404,
+    "too_large": 413,
+    "fleet_busy": 429,
+    "ring_unavailable": 503,
+}
 
 
 class HTTPError(Exception):
@@ -92,14 +100,19 @@ class OpenAIEndpoint:
             with contextlib.suppress(ConnectionError, asyncio.CancelledError):
                 await writer.wait_closed()
 
-    async def _route(self, connection: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request,
-                     body: bytes) -> None:
+    async def _route(
+        self, connection: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes
+    ) -> None:
         path = request.target.decode("latin-1").split("?", 1)[0]
         self._authorise(request)
         model = self.service.server.manifest.source.id
         if request.method == b"GET" and path == "/v1/models":
-            await _send_json(connection, writer, 200, {"object": "list", "data": [
-                {"id": model, "object": "model", "created": 0, "owned_by": "shoal"}]})
+            await _send_json(
+                connection,
+                writer,
+                200,
+                {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "shoal"}]},
+            )
             return
         if request.method != b"POST" or path != "/v1/chat/completions":
             raise HTTPError("not_found", f"no {request.method.decode()} {path} here: use POST /v1/chat/completions")
@@ -140,8 +153,16 @@ class OpenAIEndpoint:
         except ChatProtocolError as exc:
             raise HTTPError("bad_request", str(exc)) from exc
 
-    async def _whole(self, connection: h11.Connection, writer: asyncio.StreamWriter, events: AsyncIterator[ChatEvent],
-                     chat: ChatRequest, completion_id: str, created: int, model: str) -> None:
+    async def _whole(
+        self,
+        connection: h11.Connection,
+        writer: asyncio.StreamWriter,
+        events: AsyncIterator[ChatEvent],
+        chat: ChatRequest,
+        completion_id: str,
+        created: int,
+        model: str,
+    ) -> None:
         text: list[str] = []
         async for event in events:
             if event.event == "token":
@@ -150,26 +171,64 @@ class OpenAIEndpoint:
                 raise HTTPError(event.code, event.text)
             else:
                 tokens = int(event.stats["tokens"])
-                await _send_json(connection, writer, 200, {
-                    "id": completion_id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                                 "finish_reason": _finish(tokens, chat)}],
-                    "usage": _usage(event.stats)})
+                await _send_json(
+                    connection,
+                    writer,
+                    200,
+                    {
+                        "id": completion_id,
+                        "object": "chat.completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": "".join(text)},
+                                "finish_reason": _finish(tokens, chat),
+                            }
+                        ],
+                        "usage": _usage(event.stats),
+                    },
+                )
 
-    async def _stream(self, connection: h11.Connection, writer: asyncio.StreamWriter, events: AsyncIterator[ChatEvent],
-                      chat: ChatRequest, completion_id: str, created: int, model: str) -> None:
+    async def _stream(
+        self,
+        connection: h11.Connection,
+        writer: asyncio.StreamWriter,
+        events: AsyncIterator[ChatEvent],
+        chat: ChatRequest,
+        completion_id: str,
+        created: int,
+        model: str,
+    ) -> None:
         started = False
 
         def chunk(delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
-            return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
 
         async for event in events:
             if event.event == "error" and not started:
                 raise HTTPError(event.code, event.text)  # nothing sent yet: a proper status
             if not started:
-                await _send(writer, connection.send(h11.Response(status_code=200, headers=[
-                    ("content-type", "text/event-stream"), ("cache-control", "no-cache"), ("connection", "close")])))
+                await _send(
+                    writer,
+                    connection.send(
+                        h11.Response(
+                            status_code=200,
+                            headers=[
+                                ("content-type", "text/event-stream"),
+                                ("cache-control", "no-cache"),
+                                ("connection", "close"),
+                            ],
+                        )
+                    ),
+                )
                 await _send_event(connection, writer, chunk({"role": "assistant", "content": ""}))
                 started = True
             if event.event == "token":
@@ -215,11 +274,23 @@ async def _read_request(connection: h11.Connection, reader: asyncio.StreamReader
             raise ConnectionError("the client closed the connection before its request was complete")
 
 
-async def _send_json(connection: h11.Connection, writer: asyncio.StreamWriter, status: int,
-                     body: dict[str, Any]) -> None:
+async def _send_json(
+    connection: h11.Connection, writer: asyncio.StreamWriter, status: int, body: dict[str, Any]
+) -> None:
     payload = json.dumps(body, ensure_ascii=False).encode()
-    await _send(writer, connection.send(h11.Response(status_code=status, headers=[
-        ("content-type", "application/json"), ("content-length", str(len(payload))), ("connection", "close")])))
+    await _send(
+        writer,
+        connection.send(
+            h11.Response(
+                status_code=status,
+                headers=[
+                    ("content-type", "application/json"),
+                    ("content-length", str(len(payload))),
+                    ("connection", "close"),
+                ],
+            )
+        ),
+    )
     await _send(writer, connection.send(h11.Data(data=payload)))
     await _send(writer, connection.send(h11.EndOfMessage()))
 
@@ -238,5 +309,9 @@ async def _send(writer: asyncio.StreamWriter, data: bytes | None) -> None:
 def _usage(stats: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's usage block; ``cached_tokens``: prompt tokens a kept session already held (``agent.chat.kept``)."""
     prompt, completion = int(stats["prompt_tokens"]), int(stats["tokens"])
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": int(stats["cached_tokens"])}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": int(stats["cached_tokens"])},
+    }

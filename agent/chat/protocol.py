@@ -75,7 +75,7 @@ class ChatRequest:
         messages = []
         for item in raw:
             if not isinstance(item, dict) or set(item) != {"role", "content"}:
-                raise ChatProtocolError("each message must be {\"role\": ..., \"content\": ...}")
+                raise ChatProtocolError('each message must be {"role": ..., "content": ...}')
             role, content = item["role"], item["content"]
             if role not in ROLES or not isinstance(content, str):
                 raise ChatProtocolError(f"a message's role must be one of {', '.join(ROLES)} and its content text")
@@ -85,10 +85,15 @@ class ChatRequest:
         max_tokens = _typed(data, "max_tokens", int, 256)
         if max_tokens < 1:
             raise ChatProtocolError("max_tokens must be at least 1")
-        request = cls(token=token, messages=tuple(messages), max_tokens=max_tokens,
-                      temperature=float(_typed(data, "temperature", (int, float), 0.0)),
-                      top_p=float(_typed(data, "top_p", (int, float), 1.0)), top_k=_typed(data, "top_k", int, 0),
-                      seed=_typed(data, "seed", (int, type(None)), None))
+        request = cls(
+            token=token,
+            messages=tuple(messages),
+            max_tokens=max_tokens,
+            temperature=float(_typed(data, "temperature", (int, float), 0.0)),
+            top_p=float(_typed(data, "top_p", (int, float), 1.0)),
+            top_k=_typed(data, "top_k", int, 0),
+            seed=_typed(data, "seed", (int, type(None)), None),
+        )
         try:
             request.sampling  # noqa: B018 - validates the sampling settings
         except ShoalError as exc:
@@ -154,8 +159,9 @@ def _object(line: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ChatProtocolError("not a JSON object")
     if data.get("v") != PROTOCOL_VERSION:
-        raise ChatProtocolError(f"protocol version {data.get('v')!r}, this agent speaks {PROTOCOL_VERSION}",
-                                code="bad_version")
+        raise ChatProtocolError(
+            f"protocol version {data.get('v')!r}, this agent speaks {PROTOCOL_VERSION}", code="bad_version"
+        )
     return data
 
 

@@ -146,12 +146,18 @@ class ChatService:
         """The chat part of the agent's status: where it listens, answers given and running, its own steps."""
         assert self._endpoint is not None
         client = self._client
-        return {"endpoint": f"{self._endpoint.host}:{self._endpoint.port}", "http": self._endpoint.http,
-                "answered": self.answered,
-                "running": self.server.table.local - len(self.kept), "local_steps": client.local_steps if client else 0,
-                "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0,
-                "kept": len(self.kept),
-                "replayed": self.replayed, "resumed": self.kept.resumed, "reused_tokens": self.kept.reused_tokens}
+        return {
+            "endpoint": f"{self._endpoint.host}:{self._endpoint.port}",
+            "http": self._endpoint.http,
+            "answered": self.answered,
+            "running": self.server.table.local - len(self.kept),
+            "local_steps": client.local_steps if client else 0,
+            "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0,
+            "kept": len(self.kept),
+            "replayed": self.replayed,
+            "resumed": self.kept.resumed,
+            "reused_tokens": self.kept.reused_tokens,
+        }
 
     # -- one client connection -----------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -168,8 +174,11 @@ class ChatService:
         except asyncio.CancelledError:
             if watch is None or not watch.absorbed():
                 raise
-            log.info("node=%s chat client left before its %s", self.node,
-                     "answer was complete" if watch.answered_once else "first token")
+            log.info(
+                "node=%s chat client left before its %s",
+                self.node,
+                "answer was complete" if watch.answered_once else "first token",
+            )
         except ChatProtocolError as exc:
             log.warning("node=%s chat request refused: %s", self.node, exc)
             with contextlib.suppress(ConnectionError):
@@ -217,8 +226,10 @@ class ChatService:
             return
         conversation = self.kept.take(prompt_ids, params)
         if conversation is None and not self.server.table.reserve():
-            yield ChatEvent.error("fleet_busy", f"fleet busy: {self.node} already holds {self.server.table.capacity} "
-                                  "sessions; try again later")
+            yield ChatEvent.error(
+                "fleet_busy",
+                f"fleet busy: {self.node} already holds {self.server.table.capacity} sessions; try again later",
+            )
             return
         stats = DecodeStats()
         tally = AnswerTally()
@@ -260,16 +271,37 @@ class ChatService:
         self.answered += 1
         # a replayed answer computed its whole history again: nothing of its prompt was reused
         cached = conversation.target.reused if conversation is not None and not tally.replays else 0
-        log.info("node=%s chat answered: %d tokens in %.2f s, %d steps, %d prompt tokens reused", self.node,
-                 stats.tokens, seconds, stats.steps + 1, cached)
-        yield ChatEvent("done", stats={"tokens": stats.tokens, "seconds": round(seconds, 4),
-                                       "steps": stats.steps + 1, "drafted": stats.drafted,
-                                       "accepted": stats.accepted, "median_k": stats.median_k,
-                                       "prompt_tokens": len(prompt_ids), "cached_tokens": cached,
-                                       "replays": tally.replays})
+        log.info(
+            "node=%s chat answered: %d tokens in %.2f s, %d steps, %d prompt tokens reused",
+            self.node,
+            stats.tokens,
+            seconds,
+            stats.steps + 1,
+            cached,
+        )
+        yield ChatEvent(
+            "done",
+            stats={
+                "tokens": stats.tokens,
+                "seconds": round(seconds, 4),
+                "steps": stats.steps + 1,
+                "drafted": stats.drafted,
+                "accepted": stats.accepted,
+                "median_k": stats.median_k,
+                "prompt_tokens": len(prompt_ids),
+                "cached_tokens": cached,
+                "replays": tally.replays,
+            },
+        )
 
-    async def _tokens(self, conversation: KeptConversation, prompt_ids: list[int], request: ChatRequest,
-                      stats: DecodeStats, tally: AnswerTally) -> AsyncIterator[ChatEvent]:
+    async def _tokens(
+        self,
+        conversation: KeptConversation,
+        prompt_ids: list[int],
+        request: ChatRequest,
+        stats: DecodeStats,
+        tally: AnswerTally,
+    ) -> AsyncIterator[ChatEvent]:
         """The token events of one answer, which survives two failures without the user losing it:
 
         - a kept session that a stage evicted (it gave the place to a new session) as this turn took it over
@@ -288,11 +320,19 @@ class ChatService:
         sent: list[int] = []
         while True:
             history = prompt_ids + sent
-            tokens = decode(conversation.target, history, max_tokens=request.max_tokens - len(sent),
-                            stop_ids=tokenizer.stop_ids, params=request.sampling,
-                            context_tokens=self.server.manifest.context_tokens,
-                            drafter=self.drafters.new(request.sampling), k_policy=AdaptiveK(),
-                            executor=self.server.executor, stats=stats, turn=conversation.turn)
+            tokens = decode(
+                conversation.target,
+                history,
+                max_tokens=request.max_tokens - len(sent),
+                stop_ids=tokenizer.stop_ids,
+                params=request.sampling,
+                context_tokens=self.server.manifest.context_tokens,
+                drafter=self.drafters.new(request.sampling),
+                k_policy=AdaptiveK(),
+                executor=self.server.executor,
+                stats=stats,
+                turn=conversation.turn,
+            )
             resumed = bool(conversation.target.held)  # a kept session taken over, not a fresh one
             try:
                 async with contextlib.aclosing(tokens):  # a client that leaves ends the loop now
@@ -303,17 +343,24 @@ class ChatService:
             except SessionEvictedError:
                 if sent or not resumed:
                     raise
-                log.info("node=%s the kept session was evicted as the chat took it over: the chat starts afresh",
-                         self.node)
+                log.info(
+                    "node=%s the kept session was evicted as the chat took it over: the chat starts afresh", self.node
+                )
                 replay = False
             except PeerUnavailableError as exc:
                 if tally.replays >= MAX_REPLAYS or self._holds_all:
                     raise
                 tally.replays += 1
                 self.replayed += 1
-                log.warning("node=%s ring lost after %d tokens of an answer (%s): replaying its steps into a "
-                            "fresh session once the ring is back (%d of %d)", self.node, len(sent), exc,
-                            tally.replays, MAX_REPLAYS)
+                log.warning(
+                    "node=%s ring lost after %d tokens of an answer (%s): replaying its steps into a "
+                    "fresh session once the ring is back (%d of %d)",
+                    self.node,
+                    len(sent),
+                    exc,
+                    tally.replays,
+                    MAX_REPLAYS,
+                )
                 replay = True
             lost = conversation.target
             fresh = await self._open(request)
@@ -346,9 +393,17 @@ class ChatService:
             if self._client is None:
                 first, last = self._ring_addresses()
                 local = self.server.stages if self._holds_first else []
-                client = RingClient(self.server.manifest, first, last, self._context, self.node, local_stages=local,
-                                    executor=self.server.executor, max_payload=self.config.max_payload,
-                                    wire_dtype=self.config.wire_dtype)
+                client = RingClient(
+                    self.server.manifest,
+                    first,
+                    last,
+                    self._context,
+                    self.node,
+                    local_stages=local,
+                    executor=self.server.executor,
+                    max_payload=self.config.max_payload,
+                    wire_dtype=self.config.wire_dtype,
+                )
                 await client.connect(RING_TIMEOUT)
                 self._client = client
             return self._client

@@ -47,8 +47,11 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "chat_keep_max": args.chat_keep_max,
     }
     # the identity (and the chat endpoint file) under the data dir unless a flag or the file names one
-    config = load_agent_config(args.config, overrides, {"identity_dir": lambda: identity_dir(None, data_dir),
-                                                        "chat_file": lambda: data_dir / "chat.json"})
+    config = load_agent_config(
+        args.config,
+        overrides,
+        {"identity_dir": lambda: identity_dir(None, data_dir), "chat_file": lambda: data_dir / "chat.json"},
+    )
     if config.runtime.cache_dir is None:
         from dataclasses import replace
 
@@ -67,7 +70,8 @@ async def serve(config: AgentConfig) -> int:
     if config.verify:
         await loop.run_in_executor(None, lambda: manifest.verify(config.export_dir, graphs=graphs, progress=False))
     stages = await loop.run_in_executor(
-        None, lambda: [CompiledStage(config.export_dir, g, manifest.weights, config.runtime) for g in graphs])
+        None, lambda: [CompiledStage(config.export_dir, g, manifest.weights, config.runtime) for g in graphs]
+    )
     server = StageServer(config, manifest, stages, identity.name, server_context(identity), client_context(identity))
     host, port = await server.start()
     chats = None
@@ -82,9 +86,11 @@ async def serve(config: AgentConfig) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # Windows: no signal handlers on the loop
             loop.add_signal_handler(signum, stop.set)
-    print(f"shoal agent: ready node={identity.name} listen={host}:{port} stages={','.join(map(str, config.stages))} "
-          f"layers={graphs[0].layer_start}-{graphs[-1].layer_stop - 1} device={stages[0].device}{chat_note}",
-          flush=True)
+    print(
+        f"shoal agent: ready node={identity.name} listen={host}:{port} stages={','.join(map(str, config.stages))} "
+        f"layers={graphs[0].layer_start}-{graphs[-1].layer_stop - 1} device={stages[0].device}{chat_note}",
+        flush=True,
+    )
     try:
         await stop.wait()
     finally:

@@ -46,10 +46,16 @@ def run_ask(args: argparse.Namespace, data_dir: Path) -> int:
         history = (*asked, ("assistant", answer.getvalue().rstrip("\n")))
 
 
-def _turn(endpoint: ChatEndpoint, args: argparse.Namespace, messages: tuple[tuple[str, str], ...],
-          out: TextIO) -> None:
-    request = ChatRequest(token=endpoint.token, messages=messages, max_tokens=args.max_tokens,
-                          temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+def _turn(endpoint: ChatEndpoint, args: argparse.Namespace, messages: tuple[tuple[str, str], ...], out: TextIO) -> None:
+    request = ChatRequest(
+        token=endpoint.token,
+        messages=messages,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
     print(f"[{answer_summary(asyncio.run(stream_chat(endpoint, request, out)))}]", file=sys.stderr)
 
 
@@ -57,8 +63,10 @@ def answer_summary(done: ChatEvent) -> str:
     """What an answer's ``done`` event says, in one line."""
     stats = done.stats
     rate = stats["tokens"] / max(stats["seconds"], 1e-9)
-    line = (f"{stats['tokens']} tokens in {stats['seconds']:.2f} s, {rate:.1f} tok/s, {stats['steps']} steps, "
-            f"{stats['accepted']} of {stats['drafted']} drafted tokens accepted")
+    line = (
+        f"{stats['tokens']} tokens in {stats['seconds']:.2f} s, {rate:.1f} tok/s, {stats['steps']} steps, "
+        f"{stats['accepted']} of {stats['drafted']} drafted tokens accepted"
+    )
     if stats.get("cached_tokens"):
         line += f", {stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens kept from the last turn"
     if stats.get("replays"):

@@ -8,9 +8,11 @@ from pathlib import Path
 from agent.errors import FleetError
 
 REWIND_CHOICES = ("auto", "mask", "compact")  # agent.runtime.stage.REWINDS, without importing OpenVINO here
-REWIND_HELP = ("how stages forget rejected drafts: mask them out (free; exact in f32) or cut them out of the KV "
-               "cache (a copy; exact on one thread in every precision); auto: cut where that makes speculative "
-               "greedy equal plain greedy (default)")
+REWIND_HELP = (
+    "how stages forget rejected drafts: mask them out (free; exact in f32) or cut them out of the KV "
+    "cache (a copy; exact on one thread in every precision); auto: cut where that makes speculative "
+    "greedy equal plain greedy (default)"
+)
 
 
 def identity_dir(explicit: Path | None, data_dir: Path) -> Path:

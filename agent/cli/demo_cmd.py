@@ -36,12 +36,15 @@ def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
     head = _identity(fleet_dir, "demo-head")
     print(f"starting {args.stages} agents on loopback (mutual TLS, fleet {fleet_dir}) ...", file=sys.stderr)
     chat_file = data_dir / "demo-chat.json"
-    agents = launch_ring(args.out, identities, cache_dir, extra_args=["--threads", "1", "--no-verify"],
-                         chat_file=chat_file)
+    agents = launch_ring(
+        args.out, identities, cache_dir, extra_args=["--threads", "1", "--no-verify"], chat_file=chat_file
+    )
     try:
         for agent in agents:
-            print(f"  stage {agent.stage}: agent pid {agent.process.pid} on {agent.address[0]}:{agent.address[1]}",
-                  file=sys.stderr)
+            print(
+                f"  stage {agent.stage}: agent pid {agent.process.pid} on {agent.address[0]}:{agent.address[1]}",
+                file=sys.stderr,
+            )
         endpoint = ChatEndpoint.load(chat_file)
         print(f"asking the agent of stage 0 (chat endpoint {endpoint.host}:{endpoint.port}) ...", file=sys.stderr)
         request = ChatRequest(token=endpoint.token, messages=(("user", args.prompt),), max_tokens=args.max_tokens)
@@ -70,10 +73,16 @@ async def _show_status(addresses: list[tuple[str, int]], identity_dir: Path) -> 
         s = await fetch_status(address, identity)
         layers = s["layers"]
         chat = s.get("chat")
-        own = (f"; for its own chats {chat['local_steps']} steps, {chat['local_compute_seconds']:.2f} s, "  # type: ignore[index]
-               f"{chat['kept']} kept for the conversation's next turn"  # type: ignore[index]
-               if isinstance(chat, dict) else "")
+        own = (
+            f"; for its own chats {chat['local_steps']} steps, {chat['local_compute_seconds']:.2f} s, "  # type: ignore[index]
+            f"{chat['kept']} kept for the conversation's next turn"  # type: ignore[index]
+            if isinstance(chat, dict)
+            else ""
+        )
         open_, parked = len(s["sessions"]), int(s.get("parked", 0))  # type: ignore[arg-type]
         held = f"{open_} session{'s' if open_ != 1 else ''} open" + (f" ({parked} parked)" if parked else "")
-        print(f"  {s['node']}: layers {layers[0]}-{layers[1] - 1}, {s['steps_served']} steps, "  # type: ignore[index]
-              f"{s['compute_seconds']:.2f} s computing{own}, {held}", file=sys.stderr)
+        print(
+            f"  {s['node']}: layers {layers[0]}-{layers[1] - 1}, {s['steps_served']} steps, "  # type: ignore[index]
+            f"{s['compute_seconds']:.2f} s computing{own}, {held}",
+            file=sys.stderr,
+        )

@@ -46,20 +46,39 @@ def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> i
     from agent.node.config import parse_address
 
     ring = tuple(parse_address(a) for a in args.ring.split(",")) if args.ring else ()
-    options = HeadOptions(args.drafter, args.draft_export, args.k, ring, args.local_stages,
-                          identity_dir(args.identity, data_dir) if ring else None, not args.no_verify, args.depth,
-                          args.draft_ahead)
+    options = HeadOptions(
+        args.drafter,
+        args.draft_export,
+        args.k,
+        ring,
+        args.local_stages,
+        identity_dir(args.identity, data_dir) if ring else None,
+        not args.no_verify,
+        args.depth,
+        args.draft_ahead,
+    )
     config = RuntimeConfig(
-        device=args.device, threads=args.threads, cache_dir=cache_dir / "ov-cache", precision=args.precision,
-        fast_prefill=args.fast_prefill, rewind=args.rewind,
+        device=args.device,
+        threads=args.threads,
+        cache_dir=cache_dir / "ov-cache",
+        precision=args.precision,
+        fast_prefill=args.fast_prefill,
+        rewind=args.rewind,
     )
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     asyncio.run(stream_answer(args.export_dir, args.prompt, params, config, options, args.max_tokens))
     return 0
 
 
-async def stream_answer(export_dir: Path, prompt: str, params: SamplingParams, config: RuntimeConfig,
-                        options: HeadOptions, max_tokens: int, out: TextIO = sys.stdout) -> DecodeStats:
+async def stream_answer(
+    export_dir: Path,
+    prompt: str,
+    params: SamplingParams,
+    config: RuntimeConfig,
+    options: HeadOptions,
+    max_tokens: int,
+    out: TextIO = sys.stdout,
+) -> DecodeStats:
     """Answer one chat prompt, writing the text to ``out`` as it comes and a summary line to stderr."""
     manifest = Manifest.load(export_dir)
     tokenizer = ChatTokenizer(export_dir / "tokenizer")
@@ -84,20 +103,38 @@ async def stream_answer(export_dir: Path, prompt: str, params: SamplingParams, c
         assert options.identity_dir is not None
         identity = NodeIdentity.load(options.identity_dir)
         local = [CompiledStage(export_dir, g, manifest.weights, config) for g in local_graphs]
-        client = RingClient(manifest, options.ring[0], options.ring[-1], client_context(identity), identity.name,
-                            local_stages=local, executor=executor)
+        client = RingClient(
+            manifest,
+            options.ring[0],
+            options.ring[-1],
+            client_context(identity),
+            identity.name,
+            local_stages=local,
+            executor=executor,
+        )
         await client.connect()
         target = client.session(params)
         where = f"a ring of {len(manifest.stages) - local_count} agents" + (
-            f" + {local_count} local stage(s)" if local_count else "")
+            f" + {local_count} local stage(s)" if local_count else ""
+        )
     stream = TextStream(tokenizer)
     stats = DecodeStats()
     start = time.perf_counter()
     try:
-        async for token in decode(target, prompt_ids, max_tokens=max_tokens, stop_ids=tokenizer.stop_ids,
-                                  params=params, context_tokens=manifest.context_tokens, drafter=drafter,
-                                  k_policy=AdaptiveK(fixed=options.k), executor=executor, stats=stats,
-                                  depth=options.depth, draft_ahead=options.draft_ahead):
+        async for token in decode(
+            target,
+            prompt_ids,
+            max_tokens=max_tokens,
+            stop_ids=tokenizer.stop_ids,
+            params=params,
+            context_tokens=manifest.context_tokens,
+            drafter=drafter,
+            k_policy=AdaptiveK(fixed=options.k),
+            executor=executor,
+            stats=stats,
+            depth=options.depth,
+            draft_ahead=options.draft_ahead,
+        ):
             out.write(stream.push(token))
             out.flush()
     finally:
@@ -107,8 +144,14 @@ async def stream_answer(export_dir: Path, prompt: str, params: SamplingParams, c
         executor.shutdown()
     out.write("\n")
     elapsed = time.perf_counter() - start
-    spec = (f", {stats.acceptance:.0%} of {stats.drafted} drafted tokens accepted, median K {stats.median_k:g}"
-            if stats.drafted else "")
-    print(f"[{stats.tokens} tokens in {elapsed:.2f} s, {stats.tokens / elapsed:.1f} tok/s, {stats.steps + 1} steps "
-          f"through {where}{spec}]", file=sys.stderr)
+    spec = (
+        f", {stats.acceptance:.0%} of {stats.drafted} drafted tokens accepted, median K {stats.median_k:g}"
+        if stats.drafted
+        else ""
+    )
+    print(
+        f"[{stats.tokens} tokens in {elapsed:.2f} s, {stats.tokens / elapsed:.1f} tok/s, {stats.steps + 1} steps "
+        f"through {where}{spec}]",
+        file=sys.stderr,
+    )
     return stats

@@ -53,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     drafts = p.add_mutually_exclusive_group()
     drafts.add_argument("--draft", metavar="MODEL", help="also export this smaller model (same tokenizer) as a draft")
     drafts.add_argument("--self-draft", metavar="N", type=int, help="draft = first N layers + final norm + head")
-    p.add_argument("--layers", type=layer_counts, default=None, metavar="N,N,...",
-                   help="layers per stage, first to last (default: the split planner balances them)")
+    p.add_argument(
+        "--layers",
+        type=layer_counts,
+        default=None,
+        metavar="N,N,...",
+        help="layers per stage, first to last (default: the split planner balances them)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing different export")
 
     p = sub.add_parser("generate", help="answer one chat prompt through every stage of an export, in-process")
@@ -67,26 +72,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--device", default="AUTO", help="AUTO, CPU, GPU or NPU")
     p.add_argument("--threads", type=int, default=None, help="CPU inference threads")
-    p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default="auto",
-                   help="inference precision (f32: token-identical across stage splits, slower)")
-    p.add_argument("--fast-prefill", action="store_true",
-                   help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "f32", "bf16", "f16"),
+        default="auto",
+        help="inference precision (f32: token-identical across stage splits, slower)",
+    )
+    p.add_argument(
+        "--fast-prefill",
+        action="store_true",
+        help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory",
+    )
     p.add_argument("--rewind", choices=REWIND_CHOICES, default="auto", help=REWIND_HELP)
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
-    p.add_argument("--drafter", choices=DRAFTERS, default="auto",
-                   help="speculative decoding: the export's draft graph, n-gram prompt lookup, n-gram where the "
-                        "text repeats and the draft model elsewhere, or none "
-                        "(auto: the draft graph if the export has one, else n-gram)")
-    p.add_argument("--draft-export", type=Path, default=None,
-                   help="take the draft graph from this export instead (a 1-stage export: that whole model; "
-                        "another tokenizer drafts through text)")
+    p.add_argument(
+        "--drafter",
+        choices=DRAFTERS,
+        default="auto",
+        help="speculative decoding: the export's draft graph, n-gram prompt lookup, n-gram where the "
+        "text repeats and the draft model elsewhere, or none "
+        "(auto: the draft graph if the export has one, else n-gram)",
+    )
+    p.add_argument(
+        "--draft-export",
+        type=Path,
+        default=None,
+        help="take the draft graph from this export instead (a 1-stage export: that whole model; "
+        "another tokenizer drafts through text)",
+    )
     p.add_argument("--k", type=int, default=None, help="fixed number of drafted tokens per step (default: adaptive)")
-    p.add_argument("--depth", type=int, default=1,
-                   help="with --ring: speculative steps in flight at once, drafts continued past unjudged ones")
-    p.add_argument("--draft-ahead", action="store_true",
-                   help="with --ring and a draft model: also draft while the ring computes, on a guess at its answer")
-    p.add_argument("--ring", default=None, metavar="ADDR[,ADDR]",
-                   help="run through agents: HOST:PORT of the first remote stage and of the last (one if the same)")
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=1,
+        help="with --ring: speculative steps in flight at once, drafts continued past unjudged ones",
+    )
+    p.add_argument(
+        "--draft-ahead",
+        action="store_true",
+        help="with --ring and a draft model: also draft while the ring computes, on a guess at its answer",
+    )
+    p.add_argument(
+        "--ring",
+        default=None,
+        metavar="ADDR[,ADDR]",
+        help="run through agents: HOST:PORT of the first remote stage and of the last (one if the same)",
+    )
     p.add_argument("--local-stages", type=int, default=0, help="with --ring: stages this head runs itself")
     p.add_argument("--identity", type=Path, default=None, help="with --ring: this node's identity folder")
 
@@ -107,36 +138,74 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="AUTO, CPU, GPU or NPU")
     p.add_argument("--threads", type=int, default=None, help="CPU inference threads")
     p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default=None)
-    p.add_argument("--fast-prefill", action="store_true", default=None,
-                   help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory")
+    p.add_argument(
+        "--fast-prefill",
+        action="store_true",
+        default=None,
+        help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory",
+    )
     p.add_argument("--rewind", choices=REWIND_CHOICES, default=None, help=REWIND_HELP)
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
-    p.add_argument("--wire-dtype", choices=("auto", "f32", "f16"), default=None,
-                   help="hidden states on the wire (default auto: the dtype the stage computes in)")
+    p.add_argument(
+        "--wire-dtype",
+        choices=("auto", "f32", "f16"),
+        default=None,
+        help="hidden states on the wire (default auto: the dtype the stage computes in)",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
-    p.add_argument("--chat", default=None, metavar="HOST:PORT",
-                   help="head the chats of this PC: serve them on this loopback address (e.g. 127.0.0.1:0)")
-    p.add_argument("--http", default=None, metavar="HOST:PORT",
-                   help="with --chat: also an OpenAI-style API (/v1/chat/completions) on this loopback address")
-    p.add_argument("--chat-file", type=Path, default=None,
-                   help="where the chat address and access token are written (default: <data dir>/chat.json)")
-    p.add_argument("--ring-first", default=None, metavar="HOST:PORT",
-                   help="for chats on an agent that does not serve stage 0: stage 0's address")
-    p.add_argument("--ring-last", default=None, metavar="HOST:PORT",
-                   help="for chats: the last stage's address (default: --next)")
-    p.add_argument("--drafter", choices=DRAFTERS, default=None,
-                   help="the drafter of this agent's chats (default ngram)")
-    p.add_argument("--chat-keep", type=float, default=None, metavar="SECONDS",
-                   help="keep a finished chat's session this long, so that the conversation's next turn computes "
-                        "only its new message (default 120; 0: every turn starts afresh)")
-    p.add_argument("--chat-keep-max", type=int, default=None, metavar="N",
-                   help="chat sessions kept at once; each holds a place on every stage (default 1)")
+    p.add_argument(
+        "--chat",
+        default=None,
+        metavar="HOST:PORT",
+        help="head the chats of this PC: serve them on this loopback address (e.g. 127.0.0.1:0)",
+    )
+    p.add_argument(
+        "--http",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --chat: also an OpenAI-style API (/v1/chat/completions) on this loopback address",
+    )
+    p.add_argument(
+        "--chat-file",
+        type=Path,
+        default=None,
+        help="where the chat address and access token are written (default: <data dir>/chat.json)",
+    )
+    p.add_argument(
+        "--ring-first",
+        default=None,
+        metavar="HOST:PORT",
+        help="for chats on an agent that does not serve stage 0: stage 0's address",
+    )
+    p.add_argument(
+        "--ring-last", default=None, metavar="HOST:PORT", help="for chats: the last stage's address (default: --next)"
+    )
+    p.add_argument(
+        "--drafter", choices=DRAFTERS, default=None, help="the drafter of this agent's chats (default ngram)"
+    )
+    p.add_argument(
+        "--chat-keep",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="keep a finished chat's session this long, so that the conversation's next turn computes "
+        "only its new message (default 120; 0: every turn starts afresh)",
+    )
+    p.add_argument(
+        "--chat-keep-max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="chat sessions kept at once; each holds a place on every stage (default 1)",
+    )
 
     p = sub.add_parser("ask", help="ask this PC's agent (started with --chat) for an answer, streamed")
-    p.add_argument("prompt", nargs="?", default=None,
-                   help="the question; without it, a conversation: one turn per line of stdin")
-    p.add_argument("--chat-file", type=Path, default=None,
-                   help="the agent's chat endpoint file (default: <data dir>/chat.json)")
+    p.add_argument(
+        "prompt", nargs="?", default=None, help="the question; without it, a conversation: one turn per line of stdin"
+    )
+    p.add_argument(
+        "--chat-file", type=Path, default=None, help="the agent's chat endpoint file (default: <data dir>/chat.json)"
+    )
     p.add_argument("--system", default=None, help="a system message before the prompt")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -159,8 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
     f.add_argument("--ip", action="append", default=[], help="an IP address of the node (repeatable)")
     f.add_argument("--days", type=int, default=365, help="validity in days")
-    f.add_argument("--out", type=Path, default=None,
-                   help="identity folder to write (default: <fleet dir>/nodes/NODE)")
+    f.add_argument("--out", type=Path, default=None, help="identity folder to write (default: <fleet dir>/nodes/NODE)")
 
     p = sub.add_parser("bench", help="benchmarks (results for docs/benchmarks.md)")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -173,21 +241,38 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--configs", default=None, help="comma-separated subset of mono,1-stage,2-stage,3-stage")
     b.add_argument("--core", type=int, default=None, help="CPU core every run is pinned to (default: the last)")
     b.add_argument("--prompt", default=None, help="user message (default: a fixed coding question)")
-    b.add_argument("--warmup-tokens", type=int, default=None,
-                   help="untimed tokens right before each run (default: --tokens)")
-    b.add_argument("--min-cpu-share", type=float, default=None,
-                   help="repeat a run whose CPU time / wall time falls below this (default 0.95; 0 never)")
-    b.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
-                   help="before each run, wait up to SECONDS for the other cores to be idle (default 0)")
-    b.add_argument("--resident-workers", action="store_true",
-                   help="one process per configuration serving all its runs, instead of a fresh one per run")
-    b = bench.add_parser("ring", help="the ring of one-thread agents (pp, speculation, 2 users, added latency) "
-                                      "vs openvino_genai")
+    b.add_argument(
+        "--warmup-tokens", type=int, default=None, help="untimed tokens right before each run (default: --tokens)"
+    )
+    b.add_argument(
+        "--min-cpu-share",
+        type=float,
+        default=None,
+        help="repeat a run whose CPU time / wall time falls below this (default 0.95; 0 never)",
+    )
+    b.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="before each run, wait up to SECONDS for the other cores to be idle (default 0)",
+    )
+    b.add_argument(
+        "--resident-workers",
+        action="store_true",
+        help="one process per configuration serving all its runs, instead of a fresh one per run",
+    )
+    b = bench.add_parser(
+        "ring", help="the ring of one-thread agents (pp, speculation, 2 users, added latency) vs openvino_genai"
+    )
     from agent.bench.ring_bench import add_arguments
 
     add_arguments(b)
-    b = bench.add_parser("chat", help="a conversation through a chat agent that keeps sessions between turns, "
-                                      "beside one that starts every turn afresh")
+    b = bench.add_parser(
+        "chat",
+        help="a conversation through a chat agent that keeps sessions between turns, "
+        "beside one that starts every turn afresh",
+    )
     from agent.bench.chat_bench import add_arguments as add_chat_arguments
 
     add_chat_arguments(b)

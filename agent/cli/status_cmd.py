@@ -38,4 +38,3 @@ def run_status(args: argparse.Namespace, data_dir: Path) -> int:
     for text in args.address:
         print(json.dumps(asyncio.run(fetch_status(parse_address(text), identity)), indent=1))
     return 0
-

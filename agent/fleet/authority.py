@@ -115,8 +115,7 @@ def validate_node_name(node: str) -> str:
     """``node`` if it is a valid node name, else :class:`FleetError`."""
     if not NODE_NAME_RE.fullmatch(node):
         raise FleetError(
-            f"invalid node name {node!r}: use 1 to 63 letters, digits, '-', '_' or '.', "
-            "starting with a letter or digit"
+            f"invalid node name {node!r}: use 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
         )
     return node
 
@@ -177,9 +176,15 @@ def init_fleet(dir: Path, name: str = "shoal", force: bool = False) -> Path:
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=False, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                encipher_only=False, decipher_only=False,
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -235,9 +240,15 @@ def issue_node(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )

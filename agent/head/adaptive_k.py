@@ -153,8 +153,16 @@ class AdaptiveK:
             k = best - step
         return k
 
-    def record(self, k: int, accepted: int, step_seconds: float, draft_seconds: float,
-               evidence: int | None = None, *, timed: bool = True) -> None:
+    def record(
+        self,
+        k: int,
+        accepted: int,
+        step_seconds: float,
+        draft_seconds: float,
+        evidence: int | None = None,
+        *,
+        timed: bool = True,
+    ) -> None:
         """One finished step: ``k`` drafted, ``accepted`` kept, in ``step_seconds`` of wall time.
 
         ``step_seconds`` is the whole step, drafting included (it is what K trades against);

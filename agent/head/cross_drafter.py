@@ -62,8 +62,9 @@ class CrossTokenizerDrafter:
         self._model = model
         self._bridge = bridge
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
-                stop: Callable[[], bool] | None = None) -> Draft:
+    def propose(
+        self, context: Sequence[int], k: int, min_belief: float = 0.0, stop: Callable[[], bool] | None = None
+    ) -> Draft:
         """Up to ``k`` target tokens; the draft model stops early below ``min_belief`` or on ``stop`` (see
         ``ModelDrafter``)."""
         if k <= 0:

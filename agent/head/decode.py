@@ -152,8 +152,9 @@ async def decode(
             return min(policy.k_max, 2 * best + 1)
         return policy.choose(evidence)
 
-    async def draft_after(known: list[int], room: int, threshold: float | None,
-                          lead: int = 0) -> tuple[Draft, int | None]:
+    async def draft_after(
+        known: list[int], room: int, threshold: float | None, lead: int = 0
+    ) -> tuple[Draft, int | None]:
         """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much.
 
         ``lead``: tokens drafted before the draft proper and not counted in its K (drafting ahead: the
@@ -167,8 +168,15 @@ async def decode(
             # Look up the longest usable draft, then let its evidence decide how much of it to send.
             if isinstance(drafter, HybridDrafter):  # a lookup that may fall back on a model, sized by the loop
                 floor = policy.belief_floor(drafter.MODEL_EVIDENCE) if by_belief else 0.0
-                draft = await loop.run_in_executor(executor, drafter.propose_sized, list(known), longest + lead,
-                                                   lambda evidence: model_limit(evidence) + lead, floor, stop)
+                draft = await loop.run_in_executor(
+                    executor,
+                    drafter.propose_sized,
+                    list(known),
+                    longest + lead,
+                    lambda evidence: model_limit(evidence) + lead,
+                    floor,
+                    stop,
+                )
             else:
                 draft = drafter.propose(known, longest + lead)
             if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):
@@ -183,15 +191,22 @@ async def decode(
         if k <= 0:
             return Draft([]), k
         if by_belief:
-            draft = await loop.run_in_executor(executor, drafter.propose, list(known), k + lead,  # type: ignore[call-arg]
-                                               policy.belief_floor(), stop)
+            draft = await loop.run_in_executor(
+                executor,
+                drafter.propose,
+                list(known),
+                k + lead,  # type: ignore[call-arg]
+                policy.belief_floor(),
+                stop,
+            )
             return draft, len(draft.tokens) - lead
         if drafter.blocking:
             return await loop.run_in_executor(executor, drafter.propose, list(known), k + lead), k
         return drafter.propose(known, k + lead), k
 
-    ahead_possible = (draft_ahead and drafter is not None and drafter.blocking and params.greedy
-                      and target.answers_elsewhere())
+    ahead_possible = (
+        draft_ahead and drafter is not None and drafter.blocking and params.greedy and target.answers_elsewhere()
+    )
 
     started = clock()
     async with hold:
@@ -283,8 +298,14 @@ async def decode(
             if drafter is not None:
                 if ready is None:
                     drafter.commit(len(context) + verdict.accepted)
-                policy.record(len(step.draft.tokens), verdict.accepted, done - step.started,
-                              step.drafted_at - step.started, step.draft.evidence, timed=judged_steps > 0)
+                policy.record(
+                    len(step.draft.tokens),
+                    verdict.accepted,
+                    done - step.started,
+                    step.drafted_at - step.started,
+                    step.draft.evidence,
+                    timed=judged_steps > 0,
+                )
             judged_steps += 1
             stats.steps += 1
             stats.drafted += len(step.draft.tokens)
@@ -309,8 +330,12 @@ class _DraftAhead:
         self.task: asyncio.Task[tuple[Draft, int | None]] | None = None
 
     @classmethod
-    def start(cls, hold: contextlib.AbstractAsyncContextManager[object], clock: Callable[[], float],
-              drafting: Callable[[], Coroutine[object, object, tuple[Draft, int | None]]]) -> _DraftAhead:
+    def start(
+        cls,
+        hold: contextlib.AbstractAsyncContextManager[object],
+        clock: Callable[[], float],
+        drafting: Callable[[], Coroutine[object, object, tuple[Draft, int | None]]],
+    ) -> _DraftAhead:
         ahead = cls()
 
         async def run() -> tuple[Draft, int | None]:
@@ -347,8 +372,9 @@ def _pick(output: StepOutput, rng: np.random.Generator, params: SamplingParams) 
     return output.dists[-1].sample(rng)
 
 
-def _verify(draft: Draft, output: StepOutput, rng: np.random.Generator, params: SamplingParams, *,
-            bonus: bool) -> Verdict:
+def _verify(
+    draft: Draft, output: StepOutput, rng: np.random.Generator, params: SamplingParams, *, bonus: bool
+) -> Verdict:
     if output.positions != len(draft.tokens) + 1:
         from agent.errors import SessionFailedError
 

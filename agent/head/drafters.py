@@ -58,8 +58,9 @@ class Drafter(Protocol):
 class BeliefDrafter(Drafter, Protocol):
     """A drafter that knows its chances (a draft model): it may stop before ``k`` where they run low."""
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
-                stop: Callable[[], bool] | None = None) -> Draft:
+    def propose(
+        self, context: Sequence[int], k: int, min_belief: float = 0.0, stop: Callable[[], bool] | None = None
+    ) -> Draft:
         """As :meth:`Drafter.propose`, stopping before the first token at which the drafter's own chance
         that every drafted token so far is right falls below ``min_belief``, or where ``stop()``, asked
         between tokens, says so."""
@@ -219,8 +220,14 @@ class HybridDrafter:
     def propose(self, context: Sequence[int], k: int) -> Draft:
         return self.propose_sized(context, k, lambda evidence: k)
 
-    def propose_sized(self, context: Sequence[int], k: int, k_for: Callable[[int | None], int],
-                      min_belief: float = 0.0, stop: Callable[[], bool] | None = None) -> Draft:
+    def propose_sized(
+        self,
+        context: Sequence[int],
+        k: int,
+        k_for: Callable[[int | None], int],
+        min_belief: float = 0.0,
+        stop: Callable[[], bool] | None = None,
+    ) -> Draft:
         """``propose``, sized by the loop: the model drafts at most ``k_for(MODEL_EVIDENCE)`` tokens (where
         the loop would send none, it is not run), stopping earlier where its own chances fall below
         ``min_belief`` or ``stop()`` says so."""

@@ -13,8 +13,14 @@ from shards.errors import ShoalError
 from shards.manifest import Manifest
 
 
-def make_drafter(kind: str, export_dir: Path, manifest: Manifest, params: SamplingParams,
-                 config: RuntimeConfig, draft_export: Path | None = None) -> Drafter | None:
+def make_drafter(
+    kind: str,
+    export_dir: Path,
+    manifest: Manifest,
+    params: SamplingParams,
+    config: RuntimeConfig,
+    draft_export: Path | None = None,
+) -> Drafter | None:
     """One drafter for one conversation (see :class:`DrafterFactory` for the kinds)."""
     return DrafterFactory(kind, export_dir, manifest, config, draft_export).new(params)
 
@@ -28,8 +34,9 @@ class DrafterFactory:
     n-gram drafter where the context repeats, that model elsewhere. ``auto`` picks a draft graph when
     there is one, else n-gram."""
 
-    def __init__(self, kind: str, export_dir: Path, manifest: Manifest, config: RuntimeConfig,
-                 draft_export: Path | None = None) -> None:
+    def __init__(
+        self, kind: str, export_dir: Path, manifest: Manifest, config: RuntimeConfig, draft_export: Path | None = None
+    ) -> None:
         self._draft_manifest = manifest if draft_export is None else Manifest.load(draft_export)
         if kind == "auto":
             kind = "draft" if self._draft_manifest.draft is not None else "ngram"
@@ -46,8 +53,9 @@ class DrafterFactory:
     def prepare(self) -> None:
         """Compile the draft model now (blocking) rather than for the first conversation; checks the export."""
         if self.uses_model and self._model is None:
-            self._model = _draft_model(self._export_dir, self._manifest, self._config, self._draft_export,
-                                       self._draft_manifest)
+            self._model = _draft_model(
+                self._export_dir, self._manifest, self._config, self._draft_export, self._draft_manifest
+            )
 
     def new(self, params: SamplingParams) -> Drafter | None:
         """A drafter for a new conversation (None for ``none``)."""
@@ -66,8 +74,9 @@ class DrafterFactory:
         return model if self.kind == "draft" else HybridDrafter(NGramDrafter(), model)
 
 
-def _draft_model(export_dir: Path, manifest: Manifest, config: RuntimeConfig, draft_export: Path | None,
-                 draft_manifest: Manifest) -> tuple[CompiledStage, TextBridge | None]:
+def _draft_model(
+    export_dir: Path, manifest: Manifest, config: RuntimeConfig, draft_export: Path | None, draft_manifest: Manifest
+) -> tuple[CompiledStage, TextBridge | None]:
     """The compiled draft graph, and the text bridge where it speaks another tokenizer."""
     source = draft_export or export_dir
     if draft_manifest.draft is not None:
@@ -75,10 +84,13 @@ def _draft_model(export_dir: Path, manifest: Manifest, config: RuntimeConfig, dr
     elif draft_export is not None and len(draft_manifest.stages) == 1:
         graph, vocab = draft_manifest.stages[0], draft_manifest.arch.vocab_size
     else:
-        raise ShoalError(f"{source} has no draft graph: export with --draft MODEL or --self-draft N, "
-                         "or pass --draft-export with a 1-stage export of a small model")
+        raise ShoalError(
+            f"{source} has no draft graph: export with --draft MODEL or --self-draft N, "
+            "or pass --draft-export with a 1-stage export of a small model"
+        )
     shares_tokenizer = vocab == manifest.arch.vocab_size and (
-        draft_export is None or _tokenizer_hashes(draft_manifest) == _tokenizer_hashes(manifest))
+        draft_export is None or _tokenizer_hashes(draft_manifest) == _tokenizer_hashes(manifest)
+    )
     if draft_export is None and not shares_tokenizer:
         raise ShoalError(f"the draft graph in {source} does not share the target's tokenizer")
     stage = CompiledStage(source, graph, draft_manifest.weights, config, drafts=True)
@@ -86,8 +98,10 @@ def _draft_model(export_dir: Path, manifest: Manifest, config: RuntimeConfig, dr
         return stage, None
     from transformers import AutoTokenizer
 
-    return stage, TextBridge(AutoTokenizer.from_pretrained(str(export_dir / "tokenizer")),
-                             AutoTokenizer.from_pretrained(str(source / "tokenizer")))
+    return stage, TextBridge(
+        AutoTokenizer.from_pretrained(str(export_dir / "tokenizer")),
+        AutoTokenizer.from_pretrained(str(source / "tokenizer")),
+    )
 
 
 def _tokenizer_hashes(manifest: Manifest) -> dict[str, str]:

@@ -32,8 +32,9 @@ class ModelDrafter:
         self._rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
         self._fed: list[int] = []
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
-                stop: Callable[[], bool] | None = None) -> Draft:
+    def propose(
+        self, context: Sequence[int], k: int, min_belief: float = 0.0, stop: Callable[[], bool] | None = None
+    ) -> Draft:
         """Up to ``k`` tokens; fewer where the draft's own chance that every token so far is right falls
         below ``min_belief``: the product of its top probabilities at each position, known before the
         token there is drawn. ``stop``: asked before each further model step; True ends the draft there

@@ -43,10 +43,19 @@ log = logging.getLogger(__name__)
 class RingClient:
     """Connections from one head to the ring, shared by all of its sessions."""
 
-    def __init__(self, manifest: Manifest, first: tuple[str, int], last: tuple[str, int],
-                 context: ssl.SSLContext, node: str, *, local_stages: list[CompiledStage] | None = None,
-                 executor: Executor | None = None, max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 wire_dtype: str = "auto") -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        first: tuple[str, int],
+        last: tuple[str, int],
+        context: ssl.SSLContext,
+        node: str,
+        *,
+        local_stages: list[CompiledStage] | None = None,
+        executor: Executor | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        wire_dtype: str = "auto",
+    ) -> None:
         self.manifest = manifest
         self.first_address = first
         self.last_address = last
@@ -93,15 +102,17 @@ class RingClient:
             self._readers.append(asyncio.get_running_loop().create_task(self._read(connection)))
         log.info("node=%s head %x connected: first %s, last %s", self.node, self.head_id, first.node, last.node)
 
-    async def _handshake(self, address: tuple[str, int], hello: Hello, timeout: float,
-                         what: str) -> tuple[FrameConnection, Hello]:
+    async def _handshake(
+        self, address: tuple[str, int], hello: Hello, timeout: float, what: str
+    ) -> tuple[FrameConnection, Hello]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = 0.1
         while True:
             try:
-                connection = await dial(*address, self._context, max_payload=self._max_payload,
-                                        label=f"{what} {address[0]}:{address[1]}")
+                connection = await dial(
+                    *address, self._context, max_payload=self._max_payload, label=f"{what} {address[0]}:{address[1]}"
+                )
                 await connection.send(hello.to_frame())
                 peer = parse(await expect(connection, FrameType.HELLO, 10.0), Hello)
                 return connection, peer
@@ -287,8 +298,14 @@ class RingSession:
         if position < 0:
             raise RingError(f"cannot rewind {rewind} of {self._logical} positions")
         step = self._step
-        fields = {"session": self.id, "step": step, "position": position, "count": len(ids),
-                  "rewind": rewind, "flags": StepFlags.LAST_ONLY if last_only else StepFlags.NONE}
+        fields = {
+            "session": self.id,
+            "step": step,
+            "position": position,
+            "count": len(ids),
+            "rewind": rewind,
+            "flags": StepFlags.LAST_ONLY if last_only else StepFlags.NONE,
+        }
         # Step number, positions and place in the answer queue are claimed before the first await, so a
         # step submitted meanwhile comes after this one.
         self._step += 1

@@ -37,8 +37,9 @@ class HeadTurn:
             self._queued -= 1
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                        trace: TracebackType | None) -> None:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self._lock.release()
 
     @contextlib.asynccontextmanager

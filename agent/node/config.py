@@ -80,8 +80,9 @@ class AgentConfig:
             if self.chat_file is None:
                 raise ConfigError("chat_file is needed with chat")
             if self.stages[0] != 0 and self.ring_first is None:
-                raise ConfigError("an agent that does not serve stage 0 needs ring_first (stage 0's address) "
-                                  "to head chats")
+                raise ConfigError(
+                    "an agent that does not serve stage 0 needs ring_first (stage 0's address) to head chats"
+                )
         if self.http is not None:
             if self.chat is None:
                 raise ConfigError("http needs chat: its requests carry the chat endpoint's token")
@@ -97,8 +98,9 @@ def _require_loopback(what: str, address: tuple[str, int]) -> None:
         raise ConfigError(f"{what} is for clients on this PC: listen on loopback (127.0.0.1), not {address[0]}")
 
 
-def load_agent_config(path: Path | None, overrides: dict[str, Any],
-                      defaults: Mapping[str, Callable[[], Any]] | None = None) -> AgentConfig:
+def load_agent_config(
+    path: Path | None, overrides: dict[str, Any], defaults: Mapping[str, Callable[[], Any]] | None = None
+) -> AgentConfig:
     """Settings from the TOML file ``path`` (if any), then ``overrides`` (flags that were given); a setting
     neither names comes from ``defaults`` (called only then: finding a default may fail, e.g. the node
     identity under the data dir).
@@ -143,4 +145,3 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any],
         return AgentConfig(runtime=runtime, **values)
     except TypeError as exc:
         raise ConfigError(str(exc)) from exc
-

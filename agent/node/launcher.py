@@ -40,22 +40,47 @@ class LocalAgent:
                 self.process.wait(5)
 
 
-def launch_agent(export_dir: Path, stage: int, identity_dir: Path, cache_dir: Path, *,
-                 listen: str = "127.0.0.1:0", next_address: tuple[str, int] | None = None,
-                 extra_args: list[str] | None = None, core: int | None = None, log_path: Path | None = None,
-                 timeout: float = 180.0, wrapper: list[str] | None = None) -> LocalAgent:
+def launch_agent(
+    export_dir: Path,
+    stage: int,
+    identity_dir: Path,
+    cache_dir: Path,
+    *,
+    listen: str = "127.0.0.1:0",
+    next_address: tuple[str, int] | None = None,
+    extra_args: list[str] | None = None,
+    core: int | None = None,
+    log_path: Path | None = None,
+    timeout: float = 180.0,
+    wrapper: list[str] | None = None,
+) -> LocalAgent:
     """Start one agent and wait for its ready line (it has verified and compiled its stage).
 
     ``wrapper``: a command the agent runs under, e.g. ``ip netns exec NS`` for an agent in a network namespace."""
-    command = [*(wrapper or []), sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "agent",
-               str(export_dir), "--stage", str(stage), "--identity", str(identity_dir), "--listen", listen,
-               *(extra_args or [])]
+    command = [
+        *(wrapper or []),
+        sys.executable,
+        "-m",
+        "agent.cli.main",
+        "--cache-dir",
+        str(cache_dir),
+        "agent",
+        str(export_dir),
+        "--stage",
+        str(stage),
+        "--identity",
+        str(identity_dir),
+        "--listen",
+        listen,
+        *(extra_args or []),
+    ]
     if next_address is not None:
         command += ["--next", f"{next_address[0]}:{next_address[1]}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               preexec_fn=pin)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=pin
+    )
     agent = LocalAgent(stage, process)
     threading.Thread(target=_collect, args=(process, agent.log, log_path), daemon=True).start()
     deadline = time.monotonic() + timeout
@@ -74,9 +99,16 @@ def launch_agent(export_dir: Path, stage: int, identity_dir: Path, cache_dir: Pa
     raise RingError(f"the agent for stage {stage} did not start:\n{tail}")
 
 
-def launch_ring(export_dir: Path, identity_dirs: list[Path], cache_dir: Path, *,
-                extra_args: list[str] | None = None, cores: list[int | None] | None = None,
-                log_dir: Path | None = None, chat_file: Path | None = None) -> list[LocalAgent]:
+def launch_ring(
+    export_dir: Path,
+    identity_dirs: list[Path],
+    cache_dir: Path,
+    *,
+    extra_args: list[str] | None = None,
+    cores: list[int | None] | None = None,
+    log_dir: Path | None = None,
+    chat_file: Path | None = None,
+) -> list[LocalAgent]:
     """One agent per stage on loopback, started last stage first so that each knows its successor's port.
 
     ``chat_file``: the agent of stage 0 also heads chats (``shoal agent --chat``), its endpoint written there."""
@@ -89,9 +121,16 @@ def launch_ring(export_dir: Path, identity_dirs: list[Path], cache_dir: Path, *,
                 args += ["--chat", "127.0.0.1:0", "--chat-file", str(chat_file)]
                 if agents:
                     args += ["--ring-last", f"{agents[-1].address[0]}:{agents[-1].address[1]}"]
-            agent = launch_agent(export_dir, stage, identity_dirs[stage], cache_dir, next_address=next_address,
-                                 extra_args=args, core=None if cores is None else cores[stage],
-                                 log_path=None if log_dir is None else log_dir / f"agent-{stage}.log")
+            agent = launch_agent(
+                export_dir,
+                stage,
+                identity_dirs[stage],
+                cache_dir,
+                next_address=next_address,
+                extra_args=args,
+                core=None if cores is None else cores[stage],
+                log_path=None if log_dir is None else log_dir / f"agent-{stage}.log",
+            )
             agents.insert(0, agent)
             next_address = agent.address
     except BaseException:

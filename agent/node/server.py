@@ -54,9 +54,16 @@ class _Work:
 class StageServer:
     """Accepts fleet peers over mutual TLS and serves the configured stages."""
 
-    def __init__(self, config: AgentConfig, manifest: Manifest, stages: list[CompiledStage], node: str,
-                 server_context: ssl.SSLContext, client_context: ssl.SSLContext,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        manifest: Manifest,
+        stages: list[CompiledStage],
+        node: str,
+        server_context: ssl.SSLContext,
+        client_context: ssl.SSLContext,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         self.manifest = manifest
         self.stages = stages
@@ -65,8 +72,14 @@ class StageServer:
         self._clock = clock
         graphs = [s.graph for s in stages]
         self.is_last = graphs[-1].head
-        self.hello = Hello(node=node, role="stage", export_id=manifest.export_id, layer_start=graphs[0].layer_start,
-                           layer_stop=graphs[-1].layer_stop, is_last=self.is_last)
+        self.hello = Hello(
+            node=node,
+            role="stage",
+            export_id=manifest.export_id,
+            layer_start=graphs[0].layer_start,
+            layer_stop=graphs[-1].layer_stop,
+            is_last=self.is_last,
+        )
         self._wire_dtype = wire_numpy_dtype(config.wire_dtype, stages[-1])
         self.table = SessionTable(config.max_sessions, on_evict=self._evicted)
         self.heads: dict[int, FrameConnection] = {}
@@ -88,8 +101,14 @@ class StageServer:
         if not self.is_last:
             if config.next is None:
                 raise ShoalError(f"stage(s) {config.stages} are not the last: the next stage's address is needed")
-            self.successor = SuccessorLink(config.next, client_context, self.hello, on_frame=self._from_successor,
-                                           on_lost=self._successor_lost, max_payload=config.max_payload)
+            self.successor = SuccessorLink(
+                config.next,
+                client_context,
+                self.hello,
+                on_frame=self._from_successor,
+                on_lost=self._successor_lost,
+                max_payload=config.max_payload,
+            )
 
     @property
     def executor(self) -> ThreadPoolExecutor:
@@ -106,8 +125,15 @@ class StageServer:
             self._spawn(self.successor.run())
         address = self._server.sockets[0].getsockname()
         self.address = (address[0], address[1])
-        log.info("node=%s serving layers %d-%d on %s:%d%s", self.node, self.hello.layer_start,
-                 self.hello.layer_stop - 1, address[0], address[1], " (last stage)" if self.is_last else "")
+        log.info(
+            "node=%s serving layers %d-%d on %s:%d%s",
+            self.node,
+            self.hello.layer_start,
+            self.hello.layer_stop - 1,
+            address[0],
+            address[1],
+            " (last stage)" if self.is_last else "",
+        )
         return address[0], address[1]
 
     async def stop(self) -> None:
@@ -144,8 +170,9 @@ class StageServer:
         try:
             hello = parse(await expect(connection, FrameType.HELLO, HANDSHAKE_TIMEOUT), Hello)
             if hello.role != "status" and hello.export_id != self.manifest.export_id:
-                raise RemoteProtocolError(f"peer runs export {hello.export_id}, this agent serves "
-                                          f"{self.manifest.export_id}")
+                raise RemoteProtocolError(
+                    f"peer runs export {hello.export_id}, this agent serves {self.manifest.export_id}"
+                )
             await connection.send(self.hello.to_frame())
             log.info("node=%s accepted %s %s (%s)", self.node, hello.role, hello.node, where)
             if hello.role == "head" and self.is_last:
@@ -202,8 +229,7 @@ class StageServer:
                 await self._fail(frame.session, work.upstream, failure.report)
             except Exception:  # a bug must not take the agent down for everyone else
                 log.exception("node=%s session=%016x: unexpected failure", self.node, frame.session)
-                await self._fail(frame.session, work.upstream,
-                                 ErrorReport("stage_failed", "internal error", self.node))
+                await self._fail(frame.session, work.upstream, ErrorReport("stage_failed", "internal error", self.node))
 
     async def _open(self, frame: Frame, upstream: FrameConnection | None) -> None:
         try:
@@ -213,19 +239,31 @@ class StageServer:
         if self.table.get(frame.session) is not None:
             raise _SessionFailure("bad_request", f"session {frame.session:016x} is already open")
         if not self.table.make_room():
-            log.warning("node=%s session=%016x refused: all %d sessions in use", self.node, frame.session,
-                        self.table.capacity)
+            log.warning(
+                "node=%s session=%016x refused: all %d sessions in use", self.node, frame.session, self.table.capacity
+            )
             # refuse without touching the session of the same id downstream: it was never opened
             if upstream is not None:
-                await _send_quietly(upstream, ErrorReport(
-                    "busy", f"fleet busy: {self.node} already serves {self.table.capacity} sessions; try again later",
-                    self.node).to_frame(frame.session))
+                await _send_quietly(
+                    upstream,
+                    ErrorReport(
+                        "busy",
+                        f"fleet busy: {self.node} already serves {self.table.capacity} sessions; try again later",
+                        self.node,
+                    ).to_frame(frame.session),
+                )
             return
         loop = asyncio.get_running_loop()
         sessions = await loop.run_in_executor(self._executor, lambda: [s.new_session() for s in self.stages])
         self.table.add(SessionState(frame.session, request, sessions, upstream))
-        log.info("node=%s session=%016x opened (head %x, %d/%d sessions)", self.node, frame.session,
-                 request.head_id, len(self.table.sessions), self.table.capacity)
+        log.info(
+            "node=%s session=%016x opened (head %x, %d/%d sessions)",
+            self.node,
+            frame.session,
+            request.head_id,
+            len(self.table.sessions),
+            self.table.capacity,
+        )
         if self.successor is not None:
             try:
                 await asyncio.wait_for(self.successor.ready.wait(), HANDSHAKE_TIMEOUT)
@@ -242,8 +280,11 @@ class StageServer:
         state.parked_at = None
         inputs = self._inputs(frame)
         if frame.rewind > state.logical_length or frame.position != state.logical_length - frame.rewind:
-            raise _SessionFailure("bad_request", f"step at position {frame.position} with rewind {frame.rewind} "
-                                  f"does not follow the {state.logical_length} positions held")
+            raise _SessionFailure(
+                "bad_request",
+                f"step at position {frame.position} with rewind {frame.rewind} "
+                f"does not follow the {state.logical_length} positions held",
+            )
         loop = asyncio.get_running_loop()
         started = self._clock()
         cut_before = sum(s.kv_cut_seconds for s in state.stages)
@@ -255,8 +296,12 @@ class StageServer:
         if self.is_last:
             head = self.heads.get(state.open.head_id)
             if head is None:
-                log.warning("node=%s session=%016x: head %x is not connected; dropping the session", self.node,
-                            frame.session, state.open.head_id)
+                log.warning(
+                    "node=%s session=%016x: head %x is not connected; dropping the session",
+                    self.node,
+                    frame.session,
+                    state.open.head_id,
+                )
                 await self._close(frame.session, forward=False)
                 return
             await _send_quietly(head, output)
@@ -292,11 +337,15 @@ class StageServer:
         last_only = bool(frame.flags & StepFlags.LAST_ONLY)
         for session in state.stages:
             x = session.step(x, positions, last_only=last_only)
-        fields = {"session": frame.session, "step": frame.step, "position": frame.position, "count": frame.count,
-                  "rewind": frame.rewind}
+        fields = {
+            "session": frame.session,
+            "step": frame.step,
+            "position": frame.position,
+            "count": frame.count,
+            "rewind": frame.rewind,
+        }
         if self.is_last:
-            return read_out(x, state.open.sampling, last_only=last_only).to_frame(
-                frame.session, frame.step)
+            return read_out(x, state.open.sampling, last_only=last_only).to_frame(frame.session, frame.step)
         wire = np.array(x, dtype=self._wire_dtype)  # a copy: x is reused
         return Frame.tensor(FrameType.STEP, wire, flags=frame.flags, **fields)
 
@@ -312,10 +361,19 @@ class StageServer:
     def _evicted(self, state: SessionState) -> None:
         """The table dropped a parked session to make room: tell its head, free it on the next stages."""
         parked = self._clock() - (state.parked_at or self._clock())
-        log.info("node=%s session=%016x evicted after %.1f s parked: its place went to a new session (%d/%d "
-                 "sessions)", self.node, state.id, parked, len(self.table.sessions), self.table.capacity)
-        report = ErrorReport("evicted", f"{self.node} gave the place of this session, parked for {parked:.0f} s, "
-                             "to a new session", self.node)
+        log.info(
+            "node=%s session=%016x evicted after %.1f s parked: its place went to a new session (%d/%d sessions)",
+            self.node,
+            state.id,
+            parked,
+            len(self.table.sessions),
+            self.table.capacity,
+        )
+        report = ErrorReport(
+            "evicted",
+            f"{self.node} gave the place of this session, parked for {parked:.0f} s, to a new session",
+            self.node,
+        )
 
         async def notify() -> None:
             if state.upstream is not None:
@@ -327,8 +385,14 @@ class StageServer:
     async def _close(self, session: int, forward: bool) -> None:
         state = self.table.pop(session)
         if state is not None:
-            log.info("node=%s session=%016x closed after %d steps (%d/%d sessions)", self.node, session,
-                     state.next_step, len(self.table.sessions), self.table.capacity)
+            log.info(
+                "node=%s session=%016x closed after %d steps (%d/%d sessions)",
+                self.node,
+                session,
+                state.next_step,
+                len(self.table.sessions),
+                self.table.capacity,
+            )
         if forward and self.successor is not None and (state is not None):
             await self._forward_quietly(Frame(FrameType.CLOSE, session=session))
 

@@ -25,9 +25,16 @@ class SuccessorLink:
     ``on_lost`` is told (the sessions that crossed it are gone on the other side).
     """
 
-    def __init__(self, address: tuple[str, int], context: ssl.SSLContext, hello: Hello, *,
-                 on_frame: Callable[[Frame], Awaitable[None]], on_lost: Callable[[str], Awaitable[None]],
-                 max_payload: int) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        context: ssl.SSLContext,
+        hello: Hello,
+        *,
+        on_frame: Callable[[Frame], Awaitable[None]],
+        on_lost: Callable[[str], Awaitable[None]],
+        max_payload: int,
+    ) -> None:
         self.address = address
         self._context = context
         self._hello = hello
@@ -55,14 +62,20 @@ class SuccessorLink:
         refused = ""  # the last refusal logged as a warning: repeats of it every backoff go to debug
         while not self._stopping:
             try:
-                connection = await dial(*self.address, self._context, max_payload=self._max_payload,
-                                        label=f"next stage {where}")
+                connection = await dial(
+                    *self.address, self._context, max_payload=self._max_payload, label=f"next stage {where}"
+                )
             except PeerUnavailableError as exc:
                 # a successor that is not up yet is routine; one that refuses us is news, once per streak
                 news = isinstance(exc, PeerRefusedError) and str(exc) != refused
                 refused = str(exc) if isinstance(exc, PeerRefusedError) else refused
-                log.log(logging.WARNING if news else logging.DEBUG, "node=%s %s; retrying in %.1f s",
-                        self._hello.node, exc, backoff)
+                log.log(
+                    logging.WARNING if news else logging.DEBUG,
+                    "node=%s %s; retrying in %.1f s",
+                    self._hello.node,
+                    exc,
+                    backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
@@ -78,8 +91,14 @@ class SuccessorLink:
                 continue
             self.peer, self._connection, backoff, refused = peer, connection, BACKOFF_START, ""
             self.ready.set()
-            log.info("node=%s connected to next stage %s (%s, layers %d-%d)", self._hello.node, where, peer.node,
-                     peer.layer_start, peer.layer_stop - 1)
+            log.info(
+                "node=%s connected to next stage %s (%s, layers %d-%d)",
+                self._hello.node,
+                where,
+                peer.node,
+                peer.layer_start,
+                peer.layer_stop - 1,
+            )
             reason = await self._relay(connection)
             self.ready.clear()
             self._connection = None
@@ -91,8 +110,9 @@ class SuccessorLink:
         if peer.export_id != self._hello.export_id:
             raise ProtocolError(f"it serves export {peer.export_id}, this ring runs {self._hello.export_id}")
         if peer.layer_start != self._hello.layer_stop:
-            raise ProtocolError(f"it serves layers from {peer.layer_start}, this stage ends at "
-                                f"{self._hello.layer_stop}")
+            raise ProtocolError(
+                f"it serves layers from {peer.layer_start}, this stage ends at {self._hello.layer_stop}"
+            )
 
     async def _relay(self, connection: FrameConnection) -> str:
         while True:

@@ -46,8 +46,9 @@ class StepOutput:
 
     def to_frame(self, session: int, step: int) -> Frame:
         if self.top1 is not None:
-            return Frame.tensor(FrameType.RESULT, self.top1.astype(np.int32), session=session, step=step,
-                                count=len(self.top1))
+            return Frame.tensor(
+                FrameType.RESULT, self.top1.astype(np.int32), session=session, step=step, count=len(self.top1)
+            )
         dists = self.dists or []
         return Frame.message(FrameType.RESULT, encode_many(dists), session=session, step=step, count=len(dists))
 

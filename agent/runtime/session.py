@@ -32,10 +32,18 @@ def _copy_state(source: ov.InferRequest, target: ov.InferRequest) -> None:
 class StageSession:
     """A per-session InferRequest plus the physical mask of its cache."""
 
-    def __init__(self, request: ov.InferRequest, input_name: str, output: ov.Output, *,
-                 holds_head: bool = False, selects_positions: bool = False,
-                 prefill: tuple[ov.InferRequest, ov.Output] | None = None,
-                 prefill_min_positions: int = PREFILL_MIN_POSITIONS, compact_rewind: bool = False) -> None:
+    def __init__(
+        self,
+        request: ov.InferRequest,
+        input_name: str,
+        output: ov.Output,
+        *,
+        holds_head: bool = False,
+        selects_positions: bool = False,
+        prefill: tuple[ov.InferRequest, ov.Output] | None = None,
+        prefill_min_positions: int = PREFILL_MIN_POSITIONS,
+        compact_rewind: bool = False,
+    ) -> None:
         """``holds_head``: the graph ends in logits; ``selects_positions``: it also takes ``logits_index``
         (a head graph of format 2 on); ``prefill``: a request (and its output) of the same graph compiled
         for long steps, which steps of at least ``prefill_min_positions`` run on, the KV state moved across;
@@ -128,8 +136,10 @@ class StageSession:
         for state in self._request.query_state():
             kv = state.state.data  # [batch, kv heads, positions, head size], as shards/export lays it out
             if kv.ndim != 4 or kv.shape[2] != self._physical:
-                raise RuntimeStageError(f"KV variable {state.name} has shape {kv.shape}, expected "
-                                        f"[batch, heads, {self._physical}, head size]")
+                raise RuntimeStageError(
+                    f"KV variable {state.name} has shape {kv.shape}, expected "
+                    f"[batch, heads, {self._physical}, head size]"
+                )
             state.state = ov.Tensor(np.ascontiguousarray(kv[:, :, :keep]))
         self._mask[0, keep : self._physical] = 0
         self._physical = keep

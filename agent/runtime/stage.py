@@ -125,8 +125,9 @@ def _quantizes_on_the_fly(device: str, weights: str, config: RuntimeConfig) -> b
     return config.precision == "auto" and device == "CPU" and weights in ("int4", "int8")
 
 
-def compile_properties(device: str, weights: str, config: RuntimeConfig, *, prefill: bool = False,
-                       default_precision: str = "f32") -> dict[str, str]:
+def compile_properties(
+    device: str, weights: str, config: RuntimeConfig, *, prefill: bool = False, default_precision: str = "f32"
+) -> dict[str, str]:
     """OpenVINO properties for compiling one stage graph (``prefill``: its long-step compilation;
     ``default_precision``: what the device computes in when not told, see ``default_inference_precision``)."""
     props = {"PERFORMANCE_HINT": "LATENCY"}
@@ -211,23 +212,41 @@ class CompiledStage:
             if config.fast_prefill:
                 if splits_prefill(self.device, weights, config, default):
                     self.prefill_compiled = self.core.compile_model(
-                        str(xml), self.device,
-                        compile_properties(self.device, weights, config, prefill=True, default_precision=default))
+                        str(xml),
+                        self.device,
+                        compile_properties(self.device, weights, config, prefill=True, default_precision=default),
+                    )
                 else:
-                    log.info("%s: no prefill compilation (%s weights, precision %s, %s computes in %s by default)",
-                             graph.name, weights, config.precision, self.device, default)
+                    log.info(
+                        "%s: no prefill compilation (%s weights, precision %s, %s computes in %s by default)",
+                        graph.name,
+                        weights,
+                        config.precision,
+                        self.device,
+                        default,
+                    )
         except RuntimeError as exc:
             raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
         self.exact_speculation = None if drafts else speculation_is_exact(self.device, weights, config)
         self.wire_dtype = "f16" if _compiled_precision(self.compiled) == "f16" else "f32"
         """What this stage's hidden states cross the wire in when not told (``auto``): f16 where the device
         computes in f16 (the values are f16 already; half the bytes), else f32 (f32 or bf16 values)."""
-        log.info("compiled %s (layers %d-%d) on %s, rewind by %s", graph.name, graph.layer_start,
-                 graph.layer_stop - 1, self.device, "compaction" if self.compact_rewind else "mask")
+        log.info(
+            "compiled %s (layers %d-%d) on %s, rewind by %s",
+            graph.name,
+            graph.layer_start,
+            graph.layer_stop - 1,
+            self.device,
+            "compaction" if self.compact_rewind else "mask",
+        )
         if self.exact_speculation is False:
-            log.warning("%s: speculative greedy decoding may differ from plain decoding here (precision %s, "
-                        "%s threads): for token-identical output use --threads 1 or --precision f32",
-                        graph.name, config.precision, config.threads or "all")
+            log.warning(
+                "%s: speculative greedy decoding may differ from plain decoding here (precision %s, "
+                "%s threads): for token-identical output use --threads 1 or --precision f32",
+                graph.name,
+                config.precision,
+                config.threads or "all",
+            )
 
     def new_session(self) -> StageSession:
         """A fresh KV state for one conversation."""
@@ -235,6 +254,12 @@ class CompiledStage:
         prefill = None
         if self.prefill_compiled is not None:
             prefill = (self.prefill_compiled.create_infer_request(), self.prefill_compiled.output(output))
-        return StageSession(self.compiled.create_infer_request(), self.graph.inputs[0], self.compiled.output(output),
-                            holds_head=self.graph.head, selects_positions=LOGITS_INDEX in self.graph.inputs,
-                            prefill=prefill, compact_rewind=self.compact_rewind)
+        return StageSession(
+            self.compiled.create_infer_request(),
+            self.graph.inputs[0],
+            self.compiled.output(output),
+            holds_head=self.graph.head,
+            selects_positions=LOGITS_INDEX in self.graph.inputs,
+            prefill=prefill,
+            compact_rewind=self.compact_rewind,
+        )

@@ -27,8 +27,14 @@ class FrameConnection:
     close), a frame that breaks the protocol :class:`RemoteProtocolError`.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD, label: str = "") -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        label: str = "",
+    ) -> None:
         self._reader = reader
         self._writer = writer
         self._decoder = FrameDecoder(max_payload)
@@ -98,16 +104,23 @@ class FrameConnection:
         transport.abort()
 
 
-async def dial(host: str, port: int, context: ssl.SSLContext, *, timeout: float = 5.0,
-               max_payload: int = DEFAULT_MAX_PAYLOAD, label: str = "") -> FrameConnection:
+async def dial(
+    host: str,
+    port: int,
+    context: ssl.SSLContext,
+    *,
+    timeout: float = 5.0,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+    label: str = "",
+) -> FrameConnection:
     """Connect with TLS and tuned socket options; errors become :class:`PeerUnavailableError`."""
     from agent.transport.sockets import tune_socket
 
     where = label or f"{host}:{port}"
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=context, server_hostname=host, limit=READ_CHUNK),
-            timeout)
+            asyncio.open_connection(host, port, ssl=context, server_hostname=host, limit=READ_CHUNK), timeout
+        )
     except ssl.SSLError as exc:  # before OSError, of which it is a subclass
         raise PeerRefusedError(f"refused {where}: TLS handshake failed: {exc}") from exc
     except (ConnectionError, OSError, TimeoutError) as exc:

@@ -23,8 +23,21 @@ def encode_frame(frame: Frame) -> list[bytes | memoryview]:
         raise LocalProtocolError(f"{frame.type.name}: payload of {size} bytes does not match shape {frame.shape}")
     shape = (*frame.shape, *(0,) * (MAX_NDIM - len(frame.shape)))
     try:
-        header = HEADER.pack(MAGIC, PROTOCOL_VERSION, frame.type, frame.session, frame.step, frame.position,
-                             frame.count, frame.rewind, frame.flags, frame.dtype, len(frame.shape), *shape, size)
+        header = HEADER.pack(
+            MAGIC,
+            PROTOCOL_VERSION,
+            frame.type,
+            frame.session,
+            frame.step,
+            frame.position,
+            frame.count,
+            frame.rewind,
+            frame.flags,
+            frame.dtype,
+            len(frame.shape),
+            *shape,
+            size,
+        )
     except Exception as exc:  # struct.error: a field out of its range
         raise LocalProtocolError(f"{frame.type.name}: a header field is out of range: {exc}") from exc
     return [header, frame.payload] if size else [header]
@@ -73,17 +86,29 @@ class FrameDecoder:
         payload = bytes(self._buffer[:size])
         del self._buffer[:size]
         self._header = None
-        return Frame(partial.type, partial.session, partial.step, partial.position, partial.count, partial.rewind,
-                     partial.flags, partial.dtype, partial.shape, payload)
+        return Frame(
+            partial.type,
+            partial.session,
+            partial.step,
+            partial.position,
+            partial.count,
+            partial.rewind,
+            partial.flags,
+            partial.dtype,
+            partial.shape,
+            payload,
+        )
 
     def _parse_header(self, raw: bytes) -> tuple[Frame, int]:
-        (magic, version, type_, session, step, position, count, rewind, flags, dtype, ndim, *dims,
-         size) = HEADER.unpack(raw)
+        (magic, version, type_, session, step, position, count, rewind, flags, dtype, ndim, *dims, size) = (
+            HEADER.unpack(raw)
+        )
         if magic != MAGIC:
             raise RemoteProtocolError(f"not a shoal frame (magic {magic!r})")
         if version != PROTOCOL_VERSION:
-            raise RemoteProtocolError(f"protocol version {version} is not supported (this agent speaks "
-                                      f"{PROTOCOL_VERSION})")
+            raise RemoteProtocolError(
+                f"protocol version {version} is not supported (this agent speaks {PROTOCOL_VERSION})"
+            )
         if type_ not in _FRAME_TYPES:
             raise RemoteProtocolError(f"unknown frame type {type_}")
         if dtype not in _DTYPES:

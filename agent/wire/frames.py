@@ -116,8 +116,9 @@ class Frame:
         """A frame carrying ``array`` (C-contiguous, little-endian) as its payload."""
         array = np.ascontiguousarray(array)
         dtype = DType.of(array)
-        return cls(type, dtype=dtype, shape=tuple(int(d) for d in array.shape),
-                   payload=memoryview(array).cast("B"), **fields)  # type: ignore[arg-type]
+        return cls(
+            type, dtype=dtype, shape=tuple(int(d) for d in array.shape), payload=memoryview(array).cast("B"), **fields
+        )  # type: ignore[arg-type]
 
     @classmethod
     def message(cls, type: FrameType, body: bytes, **fields: int) -> Frame:

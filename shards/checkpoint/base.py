@@ -43,4 +43,3 @@ def sha256_files(paths: list[Path], desc: str = "fingerprint") -> str:
         for path in paths:
             hash_file_into(digest, path, bar.update)
     return "sha256:" + digest.hexdigest()
-

@@ -140,6 +140,9 @@ class GgufCheckpoint:
         tokenizer_config = json.loads(config_path.read_text())
         tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
         config_path.write_text(json.dumps(tokenizer_config, indent=1, ensure_ascii=False))
-        generation = {k: getattr(self.config, k) for k in ("bos_token_id", "eos_token_id")
-                      if getattr(self.config, k, None) is not None}
+        generation = {
+            k: getattr(self.config, k)
+            for k in ("bos_token_id", "eos_token_id")
+            if getattr(self.config, k, None) is not None
+        }
         (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=1))

@@ -21,7 +21,11 @@ class PlainViewGGUFReader(gguf.GGUFReader):
     _plain: np.ndarray | None = None
 
     def _get(
-        self, offset: int, dtype: npt.DTypeLike, count: int = 1, override_order: Literal["I", "S", "<"] | None = None,
+        self,
+        offset: int,
+        dtype: npt.DTypeLike,
+        count: int = 1,
+        override_order: Literal["I", "S", "<"] | None = None,
     ) -> npt.NDArray[Any]:
         if self._plain is None:
             self._plain = self.data.view(np.ndarray)

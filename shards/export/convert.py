@@ -113,15 +113,20 @@ def compress_weights(model: ov.Model, weights: str, has_embeddings: bool, has_he
     if weights == "int8":
         return nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
     advanced = AdvancedCompressionParameters(group_size_fallback_mode=GroupSizeFallbackMode.ADJUST)
-    int4 = dict(mode=nncf.CompressWeightsMode.INT4_SYM, group_size=INT4_GROUP_SIZE, ratio=1.0,
-                advanced_parameters=advanced)
+    int4 = dict(
+        mode=nncf.CompressWeightsMode.INT4_SYM, group_size=INT4_GROUP_SIZE, ratio=1.0, advanced_parameters=advanced
+    )
     if has_head:
         return nncf.compress_weights(model, **int4)
     if not has_embeddings:
         return nncf.compress_weights(model, all_layers=True, **int4)
-    gathers = [op.get_friendly_name() for op in model.get_ops() if op.get_type_name() == "Gather"
-               and op.input_value(0).get_node().get_type_name() != "ReadValue"
-               and op.input_value(0).get_element_type().is_real()]
+    gathers = [
+        op.get_friendly_name()
+        for op in model.get_ops()
+        if op.get_type_name() == "Gather"
+        and op.input_value(0).get_node().get_type_name() != "ReadValue"
+        and op.input_value(0).get_element_type().is_real()
+    ]
     model = nncf.compress_weights(
         model, all_layers=True, ignored_scope=nncf.IgnoredScope(names=gathers, validate=False), **int4
     )

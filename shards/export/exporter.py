@@ -77,8 +77,11 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
     """Run an export; returns the manifest of the finished folder (existing and matching: reused)."""
     checkpoint = open_checkpoint(request.source, cache_dir)
     spec = arch_spec_from_config(checkpoint.config)
-    ranges = (plan_layer_split(spec, request.stages, request.weights) if request.layers is None
-              else layer_split_from_counts(spec, request.layers))
+    ranges = (
+        plan_layer_split(spec, request.stages, request.weights)
+        if request.layers is None
+        else layer_split_from_counts(spec, request.layers)
+    )
     if request.self_draft_layers is not None and not 1 <= request.self_draft_layers < spec.num_layers:
         raise ExportError(f"--self-draft must be between 1 and {spec.num_layers - 1} layers")
     revision = checkpoint.revision()
@@ -95,8 +98,19 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
         stages = []
         for index, layers in enumerate(tqdm(ranges, desc="stages", disable=not progress)):
             has_embeddings, has_head = index == 0, index == len(ranges) - 1
-            stages.append(_export_graph(checkpoint, spec, f"stage-{index}", layers, has_embeddings, has_head,
-                                        request.weights, staging, progress))
+            stages.append(
+                _export_graph(
+                    checkpoint,
+                    spec,
+                    f"stage-{index}",
+                    layers,
+                    has_embeddings,
+                    has_head,
+                    request.weights,
+                    staging,
+                    progress,
+                )
+            )
         tokenizer_dir = staging / "tokenizer"
         tokenizer_dir.mkdir()
         write_tokenizer(checkpoint, revision, tokenizer_dir, cache_dir)
@@ -144,14 +158,19 @@ def _reusable(request: ExportRequest, revision: str, ranges: list[range]) -> tup
     )
     if same and old.format_version < FORMAT_VERSION:
         # the same export in an older format: it still runs, but a new one is better (and nothing is lost)
-        log.info("export %s has format %d, re-exporting in format %d", request.out_dir, old.format_version,
-                 FORMAT_VERSION)
+        log.info(
+            "export %s has format %d, re-exporting in format %d", request.out_dir, old.format_version, FORMAT_VERSION
+        )
         return None, True
     old_ranges = [s.layers for s in old.stages]
     if same and old_ranges != ranges:
         # the same inputs cut elsewhere (an older planner, or another pinned cut): re-balance
-        log.info("export %s was split %s, re-exporting split %s", request.out_dir, _split_text(old_ranges),
-                 _split_text(ranges))
+        log.info(
+            "export %s was split %s, re-exporting split %s",
+            request.out_dir,
+            _split_text(old_ranges),
+            _split_text(ranges),
+        )
         return None, True
     if same and not request.force:
         return old, False
@@ -177,15 +196,33 @@ def _export_draft(
     request: ExportRequest, checkpoint: Checkpoint, spec: ArchSpec, staging: Path, cache_dir: Path, progress: bool
 ) -> DraftEntry | None:
     if request.self_draft_layers:
-        graph = _export_graph(checkpoint, spec, "draft", range(0, request.self_draft_layers), True, True,
-                              request.weights, staging, progress)
+        graph = _export_graph(
+            checkpoint,
+            spec,
+            "draft",
+            range(0, request.self_draft_layers),
+            True,
+            True,
+            request.weights,
+            staging,
+            progress,
+        )
         return DraftEntry(kind="self", source=request.draft_label or "", arch=spec, graph=graph)
     if request.draft_source:
         draft_checkpoint = open_checkpoint(request.draft_source, cache_dir)
         draft_spec = arch_spec_from_config(draft_checkpoint.config)
         _check_same_vocabulary(staging / "tokenizer", draft_checkpoint, staging, cache_dir)
-        graph = _export_graph(draft_checkpoint, draft_spec, "draft", range(0, draft_spec.num_layers), True, True,
-                              request.weights, staging, progress)
+        graph = _export_graph(
+            draft_checkpoint,
+            draft_spec,
+            "draft",
+            range(0, draft_spec.num_layers),
+            True,
+            True,
+            request.weights,
+            staging,
+            progress,
+        )
         return DraftEntry(kind="model", source=request.draft_source, arch=draft_spec, graph=graph)
     return None
 
@@ -220,8 +257,9 @@ def _export_graph(
 ) -> GraphEntry:
     folder = staging / name
     folder.mkdir()
-    with tqdm(total=len(STEPS), desc=f"{name} layers {layers.start}-{layers.stop - 1}", disable=not progress,
-              leave=False) as bar:
+    with tqdm(
+        total=len(STEPS), desc=f"{name} layers {layers.start}-{layers.stop - 1}", disable=not progress, leave=False
+    ) as bar:
         with _step(bar, "load"):
             module = _load_stage_module(checkpoint, spec, layers, has_embeddings, has_head, progress)
         with _step(bar, "trace"):
@@ -276,8 +314,10 @@ def _load_stage_module(
     with torch.device("meta"):
         module = StageModule(spec, len(layers), has_embeddings, has_head, torch.zeros_like(inv_freq), scaling)
     names = stage_weight_names(spec, layers.start, layers.stop, has_embeddings, has_head)
-    state = {local: checkpoint.tensor(hf) for local, hf in
-             tqdm(names.items(), desc="tensors", leave=False, disable=not progress)}
+    state = {
+        local: checkpoint.tensor(hf)
+        for local, hf in tqdm(names.items(), desc="tensors", leave=False, disable=not progress)
+    }
     module.load_state_dict(state, assign=True, strict=True)
     module.inv_freq = inv_freq
     return module.eval()

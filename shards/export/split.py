@@ -43,9 +43,13 @@ class StageCostModel:
 
     @classmethod
     def of(cls, spec: ArchSpec, weights: str) -> StageCostModel:
-        return cls(layer=spec.layer_param_count() * BYTES_PER_PARAM[weights] + LAYER_OVERHEAD_BYTES,
-                   head=(spec.vocab_size * spec.hidden_size * HEAD_BYTES_PER_PARAM[weights] * HEAD_READ_FACTOR[weights]
-                         + spec.vocab_size * HEAD_BYTES_PER_LOGIT))
+        return cls(
+            layer=spec.layer_param_count() * BYTES_PER_PARAM[weights] + LAYER_OVERHEAD_BYTES,
+            head=(
+                spec.vocab_size * spec.hidden_size * HEAD_BYTES_PER_PARAM[weights] * HEAD_READ_FACTOR[weights]
+                + spec.vocab_size * HEAD_BYTES_PER_LOGIT
+            ),
+        )
 
     def stage(self, layers: int, holds_head: bool) -> float:
         """The compute of a stage of ``layers`` layers (plus the LM head if it holds it) per decoded token."""
@@ -94,8 +98,9 @@ def layer_split_from_counts(spec: ArchSpec, counts: tuple[int, ...]) -> list[ran
     if not counts or any(c < 1 for c in counts):
         raise ExportError(f"--layers needs one positive layer count per stage, not {','.join(map(str, counts))}")
     if sum(counts) != spec.num_layers:
-        raise ExportError(f"--layers {','.join(map(str, counts))} adds up to {sum(counts)} layers; "
-                          f"the model has {spec.num_layers}")
+        raise ExportError(
+            f"--layers {','.join(map(str, counts))} adds up to {sum(counts)} layers; the model has {spec.num_layers}"
+        )
     ranges, start = [], 0
     for count in counts:
         ranges.append(range(start, start + count))

@@ -173,8 +173,12 @@ def stage_weight_names(spec: ArchSpec, start: int, stop: int, has_embeddings: bo
 
 def _layer_param_suffixes(spec: ArchSpec) -> list[str]:
     suffixes = ["input_layernorm.weight", "post_attention_layernorm.weight"]
-    for proj, bias in (("q_proj", spec.qkv_bias), ("k_proj", spec.qkv_bias), ("v_proj", spec.qkv_bias),
-                       ("o_proj", spec.o_bias)):
+    for proj, bias in (
+        ("q_proj", spec.qkv_bias),
+        ("k_proj", spec.qkv_bias),
+        ("v_proj", spec.qkv_bias),
+        ("o_proj", spec.o_bias),
+    ):
         suffixes.append(f"self_attn.{proj}.weight")
         if bias:
             suffixes.append(f"self_attn.{proj}.bias")

@@ -22,8 +22,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
 @pytest.fixture(scope="session")
 def ring3(exported: Callable[..., Path], fleet: Fleet, cache_dir: Path) -> Iterator[list[AgentProcess]]:
     """Three agents (one per stage of the fp32 3-stage export), each holding at most 3 sessions."""
-    agents = start_ring(exported(3, "fp32"), fleet, cache_dir, 3,
-                        extra=["--max-sessions", str(RING_MAX_SESSIONS), "--precision", "f32"])
+    agents = start_ring(
+        exported(3, "fp32"), fleet, cache_dir, 3, extra=["--max-sessions", str(RING_MAX_SESSIONS), "--precision", "f32"]
+    )
     yield agents
     for agent in agents:
         agent.stop()

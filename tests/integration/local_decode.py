@@ -13,14 +13,31 @@ from agent.runtime import LocalPipeline
 GREEDY = SamplingParams()
 
 
-def greedy_tokens(pipeline: LocalPipeline, prompt: list[int], drafter: Drafter | None = None,
-                  stats: DecodeStats | None = None, max_tokens: int = 64) -> list[int]:
+def greedy_tokens(
+    pipeline: LocalPipeline,
+    prompt: list[int],
+    drafter: Drafter | None = None,
+    stats: DecodeStats | None = None,
+    max_tokens: int = 64,
+) -> list[int]:
     """``max_tokens`` greedy tokens (stop tokens ignored) from a fresh session of ``pipeline``."""
+
     async def run() -> list[int]:
         target = LocalTarget(pipeline.new_session(), GREEDY)
         try:
-            return [t async for t in decode(target, prompt, max_tokens=max_tokens, stop_ids=frozenset(),
-                                            params=GREEDY, context_tokens=2048, drafter=drafter, stats=stats)]
+            return [
+                t
+                async for t in decode(
+                    target,
+                    prompt,
+                    max_tokens=max_tokens,
+                    stop_ids=frozenset(),
+                    params=GREEDY,
+                    context_tokens=2048,
+                    drafter=drafter,
+                    stats=stats,
+                )
+            ]
         finally:
             await target.close()
 

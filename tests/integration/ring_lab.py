@@ -32,16 +32,33 @@ class Fleet:
         return issue_node(self.root / "foreign", node)
 
 
-def start_agent(export_dir: Path, stage: int, identity: NodeIdentity, cache_dir: Path, *,
-                next_address: tuple[str, int] | None = None, extra: list[str] | None = None,
-                listen: str = "127.0.0.1:0", wrapper: list[str] | None = None) -> LocalAgent:
+def start_agent(
+    export_dir: Path,
+    stage: int,
+    identity: NodeIdentity,
+    cache_dir: Path,
+    *,
+    next_address: tuple[str, int] | None = None,
+    extra: list[str] | None = None,
+    listen: str = "127.0.0.1:0",
+    wrapper: list[str] | None = None,
+) -> LocalAgent:
     """Start ``shoal agent`` for one stage (CPU, files not re-hashed) and wait until it serves."""
-    return launch_agent(export_dir, stage, identity.cert.parent, cache_dir, next_address=next_address, listen=listen,
-                        extra_args=["--device", "CPU", "--no-verify", *(extra or [])], wrapper=wrapper)
+    return launch_agent(
+        export_dir,
+        stage,
+        identity.cert.parent,
+        cache_dir,
+        next_address=next_address,
+        listen=listen,
+        extra_args=["--device", "CPU", "--no-verify", *(extra or [])],
+        wrapper=wrapper,
+    )
 
 
-def start_ring(export_dir: Path, fleet: Fleet, cache_dir: Path, stages: int, prefix: str = "node",
-               extra: list[str] | None = None) -> list[LocalAgent]:
+def start_ring(
+    export_dir: Path, fleet: Fleet, cache_dir: Path, stages: int, prefix: str = "node", extra: list[str] | None = None
+) -> list[LocalAgent]:
     """One agent per stage on loopback."""
     identities = [fleet.identity(f"{prefix}{stage}").cert.parent for stage in range(stages)]
     return launch_ring(export_dir, identities, cache_dir, extra_args=["--device", "CPU", "--no-verify", *(extra or [])])

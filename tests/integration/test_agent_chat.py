@@ -43,17 +43,39 @@ KEEP_SECONDS = 8
 
 
 @pytest.fixture(scope="module")
-def chat_agent(ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentProcess, ChatEndpoint]]:
+def chat_agent(
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[AgentProcess, ChatEndpoint]]:
     """A second stage-0 agent with a chat endpoint, in front of ring3's stages 1 and 2."""
     endpoint_file = tmp_path_factory.mktemp("chat") / "chat.json"
     last = ring3[2].address
-    agent = start_agent(exported(3, "fp32"), 0, fleet.identity("chat-node"), cache_dir,
-                        next_address=ring3[1].address,
-                        extra=["--precision", "f32", "--max-sessions", str(CHAT_SESSIONS),
-                               "--chat-keep", str(KEEP_SECONDS), "--chat", "127.0.0.1:0",
-                               "--chat-file", str(endpoint_file), "--ring-last", f"{last[0]}:{last[1]}",
-                               "--http", "127.0.0.1:0"])
+    agent = start_agent(
+        exported(3, "fp32"),
+        0,
+        fleet.identity("chat-node"),
+        cache_dir,
+        next_address=ring3[1].address,
+        extra=[
+            "--precision",
+            "f32",
+            "--max-sessions",
+            str(CHAT_SESSIONS),
+            "--chat-keep",
+            str(KEEP_SECONDS),
+            "--chat",
+            "127.0.0.1:0",
+            "--chat-file",
+            str(endpoint_file),
+            "--ring-last",
+            f"{last[0]}:{last[1]}",
+            "--http",
+            "127.0.0.1:0",
+        ],
+    )
     yield agent, ChatEndpoint.load(endpoint_file)
     agent.stop()
     assert not endpoint_file.exists(), "a stopped agent leaves no endpoint file behind"
@@ -71,12 +93,22 @@ def reference(exported: Callable[..., Path], cache_dir: Path) -> Callable[..., l
     def answer(prompt: str | tuple[tuple[str, str], ...], max_tokens: int = MAX_TOKENS) -> list[int]:
         turns = (("user", prompt),) if isinstance(prompt, str) else prompt
         if (prompt, max_tokens) not in answers:
+
             async def run() -> list[int]:
                 target = LocalTarget(pipeline.new_session(), SamplingParams())
                 ids = tokenizer.encode_chat([{"role": role, "content": content} for role, content in turns])
                 try:
-                    return [t async for t in decode(target, ids, max_tokens=max_tokens, stop_ids=tokenizer.stop_ids,
-                                                    params=SamplingParams(), context_tokens=2048)]
+                    return [
+                        t
+                        async for t in decode(
+                            target,
+                            ids,
+                            max_tokens=max_tokens,
+                            stop_ids=tokenizer.stop_ids,
+                            params=SamplingParams(),
+                            context_tokens=2048,
+                        )
+                    ]
                 finally:
                     await target.close()
 
@@ -86,10 +118,12 @@ def reference(exported: Callable[..., Path], cache_dir: Path) -> Callable[..., l
     return answer
 
 
-def _request(endpoint: ChatEndpoint, prompt: str, max_tokens: int = MAX_TOKENS,
-             token: str | None = None) -> ChatRequest:
-    return ChatRequest(token=endpoint.token if token is None else token, messages=(("user", prompt),),
-                       max_tokens=max_tokens)
+def _request(
+    endpoint: ChatEndpoint, prompt: str, max_tokens: int = MAX_TOKENS, token: str | None = None
+) -> ChatRequest:
+    return ChatRequest(
+        token=endpoint.token if token is None else token, messages=(("user", prompt),), max_tokens=max_tokens
+    )
 
 
 async def _events(endpoint: ChatEndpoint, request: ChatRequest) -> list[ChatEvent]:
@@ -102,8 +136,11 @@ def _tokens(events: list[ChatEvent]) -> list[int]:
 
 
 def test_chat_agent_answers_exactly_as_the_pipeline(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
-    exported: Callable[..., Path], cache_dir: Path, fleet: Fleet,
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    reference: Callable[[str], list[int]],
+    exported: Callable[..., Path],
+    cache_dir: Path,
+    fleet: Fleet,
 ) -> None:
     """Four prompts through the agent's own stage 0 and the ring: the pipeline's tokens, and their text."""
     agent, endpoint = chat_agent
@@ -118,9 +155,24 @@ def test_chat_agent_answers_exactly_as_the_pipeline(
         drafted += events[-1].stats["drafted"]
     assert drafted > 0, "the chats decode speculatively (n-gram drafter by default)"
     # the command line: `shoal ask` prints the same text
-    done = subprocess.run([sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "ask", PROMPTS[0],
-                           "--max-tokens", str(MAX_TOKENS), "--chat-file", str(_endpoint_file(agent))],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--cache-dir",
+            str(cache_dir),
+            "ask",
+            PROMPTS[0],
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--chat-file",
+            str(_endpoint_file(agent)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == tokenizer.decode(reference(PROMPTS[0])) + "\n"
     report = status(agent.address, fleet.identity("observer"))["chat"]
@@ -136,7 +188,8 @@ def _endpoint_file(agent: AgentProcess) -> Path:
 
 
 def test_concurrent_chats_match_alone_and_the_extra_one_is_busy(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    reference: Callable[[str], list[int]],
 ) -> None:
     """Two chats at once each give their lone answer; a third while both run gets "fleet busy" (and over
     the OpenAI-style API, status 429)."""
@@ -149,8 +202,12 @@ def test_concurrent_chats_match_alone_and_the_extra_one_is_busy(
         import httpx
 
         over_http = await asyncio.to_thread(
-            httpx.post, f"{endpoint.http}/chat/completions", headers={"Authorization": f"Bearer {endpoint.token}"},
-            json={"messages": [{"role": "user", "content": PROMPTS[1]}]}, timeout=60)
+            httpx.post,
+            f"{endpoint.http}/chat/completions",
+            headers={"Authorization": f"Bearer {endpoint.token}"},
+            json={"messages": [{"role": "user", "content": PROMPTS[1]}]},
+            timeout=60,
+        )
         assert over_http.status_code == 429 and over_http.json()["error"]["code"] == "fleet_busy", over_http.text
 
         async def rest(stream):  # type: ignore[no-untyped-def]
@@ -168,7 +225,8 @@ def test_concurrent_chats_match_alone_and_the_extra_one_is_busy(
 
 
 def test_bad_requests_are_refused_and_the_agent_goes_on(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    reference: Callable[[str], list[int]],
 ) -> None:
     _, endpoint = chat_agent
 
@@ -194,7 +252,9 @@ def test_bad_requests_are_refused_and_the_agent_goes_on(
 
 
 def test_client_leaving_mid_answer_frees_the_session_everywhere(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], ring3: list[AgentProcess], fleet: Fleet,
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    ring3: list[AgentProcess],
+    fleet: Fleet,
 ) -> None:
     agent, endpoint = chat_agent
     observer = fleet.identity("observer")
@@ -214,13 +274,18 @@ def test_client_leaving_mid_answer_frees_the_session_everywhere(
     # A session kept from an earlier answer may remain (or expire meanwhile); the one left is freed.
     wait_for(lambda: status(agent.address, observer)["local_chats"] == kept(), 20, "the chat agent to free its place")
     for stage in ring3[1:]:
-        wait_for(lambda stage=stage: len(status(stage.address, observer)["sessions"]) == kept(), 20,
-                 f"stage {stage.stage} to free the chat's session")
+        wait_for(
+            lambda stage=stage: len(status(stage.address, observer)["sessions"]) == kept(),
+            20,
+            f"stage {stage.stage} to free the chat's session",
+        )
     assert "chat client left" in agent.log_text()
 
 
 def test_a_client_that_leaves_before_its_first_token_ends_its_answer_at_once(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], ring3: list[AgentProcess], fleet: Fleet,
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    ring3: list[AgentProcess],
+    fleet: Fleet,
 ) -> None:
     """The agent watches the connection, not only the writes: a client gone during the prompt's step ends
     the answer before any token is computed for it, and its place is freed on every stage."""
@@ -241,12 +306,17 @@ def test_a_client_that_leaves_before_its_first_token_ends_its_answer_at_once(
     wait_for(lambda: "chat client left before its first token" in agent.log_text(), 20, "the agent to notice")
     wait_for(lambda: status(agent.address, observer)["local_chats"] == kept(), 20, "the chat agent to free its place")
     for stage in ring3[1:]:
-        wait_for(lambda stage=stage: len(status(stage.address, observer)["sessions"]) == kept(), 20,
-                 f"stage {stage.stage} to free the chat's session")
+        wait_for(
+            lambda stage=stage: len(status(stage.address, observer)["sessions"]) == kept(),
+            20,
+            f"stage {stage.stage} to free the chat's session",
+        )
 
 
 def test_an_http_client_that_gives_up_ends_its_answer_at_once(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], ring3: list[AgentProcess], fleet: Fleet,
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    ring3: list[AgentProcess],
+    fleet: Fleet,
 ) -> None:
     """A whole (not streamed) answer is written only at its end: the agent still ends it as soon as the
     client's connection closes, rather than computing it for nobody."""
@@ -254,8 +324,10 @@ def test_an_http_client_that_gives_up_ends_its_answer_at_once(
     observer = fleet.identity("observer")
     host, port = endpoint.http.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
     body = json.dumps({"messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 200}).encode()
-    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {endpoint.token}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {endpoint.token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     answered = status(agent.address, observer)["chat"]["answered"]  # type: ignore[index]
     left = agent.log_text().count("HTTP client left")
 
@@ -274,14 +346,34 @@ def test_an_http_client_that_gives_up_ends_its_answer_at_once(
 
 
 def test_agent_off_stage_zero_heads_chats_through_token_ids(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
-    reference: Callable[[str], list[int]], tmp_path: Path,
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
+    reference: Callable[[str], list[int]],
+    tmp_path: Path,
 ) -> None:
     """An agent serving stage 1 heads a chat by sending token ids to ring3's stage 0 (``--ring-first``)."""
     first, last = ring3[0].address, ring3[2].address
-    agent = start_agent(exported(3, "fp32"), 1, fleet.identity("chat-node-1"), cache_dir, next_address=last,
-                        extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "c.json"),
-                               "--ring-first", f"{first[0]}:{first[1]}", "--ring-last", f"{last[0]}:{last[1]}"])
+    agent = start_agent(
+        exported(3, "fp32"),
+        1,
+        fleet.identity("chat-node-1"),
+        cache_dir,
+        next_address=last,
+        extra=[
+            "--precision",
+            "f32",
+            "--chat",
+            "127.0.0.1:0",
+            "--chat-file",
+            str(tmp_path / "c.json"),
+            "--ring-first",
+            f"{first[0]}:{first[1]}",
+            "--ring-last",
+            f"{last[0]}:{last[1]}",
+        ],
+    )
     try:
         endpoint = ChatEndpoint.load(tmp_path / "c.json")
         assert _tokens(asyncio.run(_events(endpoint, _request(endpoint, PROMPTS[1])))) == reference(PROMPTS[1])
@@ -291,12 +383,21 @@ def test_agent_off_stage_zero_heads_chats_through_token_ids(
 
 
 def test_chat_on_an_unreachable_ring_fails_with_a_clear_error(
-    exported: Callable[..., Path], fleet: Fleet, cache_dir: Path, tmp_path: Path,
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """Stage 0's successor never comes up: the chat ends in ``ring_unavailable``, the agent stays up."""
     nobody = ("127.0.0.1", free_port())
-    agent = start_agent(exported(3, "fp32"), 0, fleet.identity("chat-node-2"), cache_dir, next_address=nobody,
-                        extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "c.json")])
+    agent = start_agent(
+        exported(3, "fp32"),
+        0,
+        fleet.identity("chat-node-2"),
+        cache_dir,
+        next_address=nobody,
+        extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "c.json")],
+    )
     try:
         endpoint = ChatEndpoint.load(tmp_path / "c.json")
         events = asyncio.run(_events(endpoint, _request(endpoint, PROMPTS[0])))
@@ -309,7 +410,8 @@ def test_chat_on_an_unreachable_ring_fails_with_a_clear_error(
 
 
 def test_openai_style_api_answers_as_the_pipeline(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[[str], list[int]],
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    reference: Callable[[str], list[int]],
     exported: Callable[..., Path],
 ) -> None:
     """``/v1/chat/completions`` whole and streamed (server-sent events), ``/v1/models``, and its refusals."""
@@ -345,31 +447,51 @@ def test_openai_style_api_answers_as_the_pipeline(
         assert "".join(deltas) == tokenizer.decode(reference(PROMPTS[0])[:6])
         assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
         refused = [
-            httpx.post(f"{endpoint.http}/chat/completions", json=body,
-                       headers={"Authorization": "Bearer x"}).status_code,
+            httpx.post(
+                f"{endpoint.http}/chat/completions", json=body, headers={"Authorization": "Bearer x"}
+            ).status_code,
             client.post("/chat/completions", content=b"nonsense").status_code,
             client.post("/chat/completions", json=body | {"messages": []}).status_code,
-            client.post("/chat/completions", json=body | {"messages": [{"role": "user", "content": "w " * 5000}]}
-                        ).status_code,
+            client.post(
+                "/chat/completions", json=body | {"messages": [{"role": "user", "content": "w " * 5000}]}
+            ).status_code,
             client.get("/v2/elsewhere").status_code,
         ]
         assert refused == [401, 400, 400, 400, 404]
         assert client.post("/chat/completions", json=body).json()["choices"][0]["message"]["content"] == (
-            tokenizer.decode(reference(PROMPTS[0])))  # still serving after the refusals
+            tokenizer.decode(reference(PROMPTS[0]))
+        )  # still serving after the refusals
 
 
 def test_ask_holds_a_conversation_over_stdin(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[..., list[int]],
-    exported: Callable[..., Path], cache_dir: Path,
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    reference: Callable[..., list[int]],
+    exported: Callable[..., Path],
+    cache_dir: Path,
 ) -> None:
     """``shoal ask`` without a prompt: each stdin line is a turn, sent with the turns and answers before it."""
     agent, _ = chat_agent
     tokenizer = ChatTokenizer(exported(3, "fp32") / "tokenizer")
     first = tokenizer.decode(reference(PROMPTS[0]))
     second = tokenizer.decode(reference((("user", PROMPTS[0]), ("assistant", first), ("user", "And of Italy?"))))
-    done = subprocess.run([sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "ask",
-                           "--max-tokens", str(MAX_TOKENS), "--chat-file", str(_endpoint_file(agent))],
-                          input=f"{PROMPTS[0]}\n\nAnd of Italy?\n", capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--cache-dir",
+            str(cache_dir),
+            "ask",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--chat-file",
+            str(_endpoint_file(agent)),
+        ],
+        input=f"{PROMPTS[0]}\n\nAnd of Italy?\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{first}\n{second}\n"
     assert second != tokenizer.decode(reference("And of Italy?")), "the second turn must depend on the first"
@@ -377,8 +499,11 @@ def test_ask_holds_a_conversation_over_stdin(
 
 
 def test_next_turn_continues_the_kept_session_and_it_expires(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[..., list[int]],
-    exported: Callable[..., Path], ring3: list[AgentProcess], fleet: Fleet,
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    reference: Callable[..., list[int]],
+    exported: Callable[..., Path],
+    ring3: list[AgentProcess],
+    fleet: Fleet,
 ) -> None:
     """A second turn resumes the first turn's session: only its new message is computed, and its answer is
     the pipeline's to the whole conversation. Unused, the kept session is freed on every stage."""
@@ -393,13 +518,15 @@ def test_next_turn_continues_the_kept_session_and_it_expires(
 
     first = asyncio.run(_events(endpoint, ChatRequest(token=endpoint.token, messages=opening, max_tokens=MAX_TOKENS)))
     assert _tokens(first) == reference(opening)
-    second = asyncio.run(_events(endpoint, ChatRequest(token=endpoint.token, messages=conversation,
-                                                       max_tokens=MAX_TOKENS)))
+    second = asyncio.run(
+        _events(endpoint, ChatRequest(token=endpoint.token, messages=conversation, max_tokens=MAX_TOKENS))
+    )
     assert _tokens(second) == expected
     opening_ids = tokenizer.encode_chat([{"role": "user", "content": PROMPTS[3]}])
     stats = second[-1].stats
-    assert stats["prompt_tokens"] == len(tokenizer.encode_chat(
-        [{"role": role, "content": content} for role, content in conversation]))
+    assert stats["prompt_tokens"] == len(
+        tokenizer.encode_chat([{"role": role, "content": content} for role, content in conversation])
+    )
     # everything up to the end of the first answer was already on the stages
     assert stats["cached_tokens"] >= len(opening_ids) + len(reference(opening)) - 2, stats
     report = status(agent.address, observer)["chat"]
@@ -412,17 +539,26 @@ def test_next_turn_continues_the_kept_session_and_it_expires(
     for prompt, events in zip(PROMPTS, asyncio.run(two_others()), strict=False):
         assert _tokens(events) == reference(prompt)
 
-    wait_for(lambda: status(agent.address, observer)["chat"]["kept"] == 0, KEEP_SECONDS + 20,  # type: ignore[index]
-             "the kept session to expire")
+    wait_for(
+        lambda: status(agent.address, observer)["chat"]["kept"] == 0,
+        KEEP_SECONDS + 20,  # type: ignore[index]
+        "the kept session to expire",
+    )
     assert status(agent.address, observer)["local_chats"] == 0
     for stage in ring3[1:]:
-        wait_for(lambda stage=stage: status(stage.address, observer)["sessions"] == [], 20,
-                 f"stage {stage.stage} to free the kept session")
+        wait_for(
+            lambda stage=stage: status(stage.address, observer)["sessions"] == [],
+            20,
+            f"stage {stage.stage} to free the kept session",
+        )
 
 
 def test_a_full_stage_evicts_a_parked_kept_session_for_a_new_one(
-    chat_agent: tuple[AgentProcess, ChatEndpoint], reference: Callable[..., list[int]],
-    exported: Callable[..., Path], ring3: list[AgentProcess], fleet: Fleet,
+    chat_agent: tuple[AgentProcess, ChatEndpoint],
+    reference: Callable[..., list[int]],
+    exported: Callable[..., Path],
+    ring3: list[AgentProcess],
+    fleet: Fleet,
 ) -> None:
     """A kept session is parked on ring3's stages. Another head holds every other place there: its next
     session is not turned away as busy, stage 1 evicts the parked one for it, and the conversation's next
@@ -447,13 +583,19 @@ def test_a_full_stage_evicts_a_parked_kept_session_for_a_new_one(
         return int(status(stage1.address, observer)["evicted"])  # type: ignore[arg-type]
 
     async def run() -> None:
-        assert _tokens(await _events(endpoint, ChatRequest(token=endpoint.token, messages=opening,
-                                                           max_tokens=MAX_TOKENS))) == reference(opening)
-        await asyncio.to_thread(wait_for, lambda: status(stage1.address, observer)["parked"] == 1, 10,
-                                "stage 1 to hear that the kept session is parked")
+        assert _tokens(
+            await _events(endpoint, ChatRequest(token=endpoint.token, messages=opening, max_tokens=MAX_TOKENS))
+        ) == reference(opening)
+        await asyncio.to_thread(
+            wait_for,
+            lambda: status(stage1.address, observer)["parked"] == 1,
+            10,
+            "stage 1 to hear that the kept session is parked",
+        )
         before = await asyncio.to_thread(evictions)
-        client = RingClient(Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity),
-                            identity.name)
+        client = RingClient(
+            Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity), identity.name
+        )
         await client.connect()
         try:
             ids = tokenizer.encode_chat([{"role": "user", "content": PROMPTS[2]}])
@@ -467,8 +609,9 @@ def test_a_full_stage_evicts_a_parked_kept_session_for_a_new_one(
             for session in others:
                 await session.close()
             # the evicted conversation goes on: afresh, with the pipeline's answer to all of it
-            second = await _events(endpoint, ChatRequest(token=endpoint.token, messages=conversation,
-                                                         max_tokens=MAX_TOKENS))
+            second = await _events(
+                endpoint, ChatRequest(token=endpoint.token, messages=conversation, max_tokens=MAX_TOKENS)
+            )
             assert _tokens(second) == expected_second
             assert second[-1].stats["cached_tokens"] == 0, second[-1].stats  # type: ignore[index]
             assert "a kept chat session is gone" in agent.log_text()
@@ -477,8 +620,12 @@ def test_a_full_stage_evicts_a_parked_kept_session_for_a_new_one(
             others = [client.session(SamplingParams()) for _ in range(RING_MAX_SESSIONS - 1)]
             for session in others:
                 await session.step(ids, 0, last_only=True)
-            await asyncio.to_thread(wait_for, lambda: status(stage1.address, observer)["parked"] == 1, 10,
-                                    "the kept session to be parked again")
+            await asyncio.to_thread(
+                wait_for,
+                lambda: status(stage1.address, observer)["parked"] == 1,
+                10,
+                "the kept session to be parked again",
+            )
             events = await _events(endpoint, _request(endpoint, PROMPTS[1]))  # another conversation
             assert _tokens(events) == reference(PROMPTS[1])
             assert await asyncio.to_thread(evictions) == before + 2
@@ -489,8 +636,12 @@ def test_a_full_stage_evicts_a_parked_kept_session_for_a_new_one(
 
 
 def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
-    reference: Callable[..., list[int]], exported: Callable[..., Path], ring3: list[AgentProcess], fleet: Fleet,
-    cache_dir: Path, tmp_path: Path,
+    reference: Callable[..., list[int]],
+    exported: Callable[..., Path],
+    ring3: list[AgentProcess],
+    fleet: Fleet,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """The eviction crosses the next turn on the wire: a chat agent whose link to stage 1 is slowed (a delay
     proxy) takes its kept session over before the ERROR ``evicted`` reaches it; the resumed step fails
@@ -503,8 +654,11 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
     folder = exported(3, "fp32")
     tokenizer = ChatTokenizer(folder / "tokenizer")
     opening = (("user", LONG_PROMPT),)
-    conversation = (*opening, ("assistant", tokenizer.decode(reference(opening))),
-                    ("user", "Say it again, in fewer words."))
+    conversation = (
+        *opening,
+        ("assistant", tokenizer.decode(reference(opening))),
+        ("user", "Say it again, in fewer words."),
+    )
     expected = reference(conversation)
     identity = fleet.identity("evicting-head")
     last = ring3[2].address
@@ -512,15 +666,31 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
     async def run() -> None:
         async with DelayProxy(ring3[1].address) as proxy:
             agent = await asyncio.to_thread(
-                start_agent, folder, 0, fleet.identity("slow-link-chat"), cache_dir, next_address=proxy.address,
-                extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "chat.json"),
-                       "--ring-last", f"{last[0]}:{last[1]}"])
-            client = RingClient(Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity),
-                                identity.name)
+                start_agent,
+                folder,
+                0,
+                fleet.identity("slow-link-chat"),
+                cache_dir,
+                next_address=proxy.address,
+                extra=[
+                    "--precision",
+                    "f32",
+                    "--chat",
+                    "127.0.0.1:0",
+                    "--chat-file",
+                    str(tmp_path / "chat.json"),
+                    "--ring-last",
+                    f"{last[0]}:{last[1]}",
+                ],
+            )
+            client = RingClient(
+                Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity), identity.name
+            )
             try:
                 endpoint = ChatEndpoint.load(tmp_path / "chat.json")
-                first = await _events(endpoint, ChatRequest(token=endpoint.token, messages=opening,
-                                                            max_tokens=MAX_TOKENS))
+                first = await _events(
+                    endpoint, ChatRequest(token=endpoint.token, messages=opening, max_tokens=MAX_TOKENS)
+                )
                 assert _tokens(first) == reference(opening)
                 await asyncio.sleep(0.5)  # the PARK reaches stage 1
                 proxy.delay = 1.5  # from now on, stage 1's word takes 1.5 s to reach the chat agent
@@ -531,10 +701,15 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
                     await session.step(ids, 0, last_only=True)
                 for session in others:  # room again before the turn's fresh session arrives
                     await session.close()
-                second = asyncio.create_task(_events(endpoint, ChatRequest(
-                    token=endpoint.token, messages=conversation, max_tokens=MAX_TOKENS)))
-                await asyncio.to_thread(wait_for, lambda: "evicted as the chat took it over" in agent.log_text(), 10,
-                                        "the resumed step to fail with the eviction")
+                second = asyncio.create_task(
+                    _events(endpoint, ChatRequest(token=endpoint.token, messages=conversation, max_tokens=MAX_TOKENS))
+                )
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: "evicted as the chat took it over" in agent.log_text(),
+                    10,
+                    "the resumed step to fail with the eviction",
+                )
                 proxy.delay = 0.0
                 events = await second
                 assert "chat resumes a kept session" in agent.log_text()
@@ -547,14 +722,23 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
     asyncio.run(run())
 
 
-@pytest.mark.parametrize(("stages", "weights", "extra"), [
-    (2, "fp32", ["--precision", "f32"]),
-    # below f32 a history computed in one step would round otherwise than the steps that made it: only a
-    # replay of those steps, on one-thread stages that cut rejected drafts out, gives the same tokens
-    (3, "int4", ["--threads", "1"]),
-], ids=["fp32", "int4-one-thread"])
+@pytest.mark.parametrize(
+    ("stages", "weights", "extra"),
+    [
+        (2, "fp32", ["--precision", "f32"]),
+        # below f32 a history computed in one step would round otherwise than the steps that made it: only a
+        # replay of those steps, on one-thread stages that cut rejected drafts out, gives the same tokens
+        (3, "int4", ["--threads", "1"]),
+    ],
+    ids=["fp32", "int4-one-thread"],
+)
 def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
-    stages: int, weights: str, extra: list[str], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    stages: int,
+    weights: str,
+    extra: list[str],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
     tmp_path: Path,
 ) -> None:
     """The last stage's agent is killed mid-answer (no goodbye) and started again at its address: the chat
@@ -563,14 +747,34 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
     folder = exported(stages, weights)
     listen = f"127.0.0.1:{free_port()}"
     tokens = 160
-    ring = [start_agent(folder, stages - 1, fleet.identity(f"replay-{stages - 1}"), cache_dir, listen=listen,
-                        extra=extra)]
+    ring = [
+        start_agent(folder, stages - 1, fleet.identity(f"replay-{stages - 1}"), cache_dir, listen=listen, extra=extra)
+    ]
     for stage in reversed(range(1, stages - 1)):
-        ring.insert(0, start_agent(folder, stage, fleet.identity(f"replay-{stage}"), cache_dir,
-                                   next_address=ring[0].address, extra=extra))
-    agent = start_agent(folder, 0, fleet.identity("replay-chat"), cache_dir, next_address=ring[0].address,
-                        extra=[*extra, "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "chat.json"),
-                               "--chat-keep", "0", "--ring-last", listen])  # nothing kept: each answer afresh
+        ring.insert(
+            0,
+            start_agent(
+                folder, stage, fleet.identity(f"replay-{stage}"), cache_dir, next_address=ring[0].address, extra=extra
+            ),
+        )
+    agent = start_agent(
+        folder,
+        0,
+        fleet.identity("replay-chat"),
+        cache_dir,
+        next_address=ring[0].address,
+        extra=[
+            *extra,
+            "--chat",
+            "127.0.0.1:0",
+            "--chat-file",
+            str(tmp_path / "chat.json"),
+            "--chat-keep",
+            "0",
+            "--ring-last",
+            listen,
+        ],
+    )  # nothing kept: each answer afresh
     agents = [agent, *ring]
 
     async def answer(kill_after: int | None) -> list[ChatEvent]:
@@ -581,9 +785,17 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
             if len(events) == kill_after:
                 ring[-1].process.kill()  # as a PC switched off: no goodbye
                 ring[-1].process.wait(10)
-                agents.append(await asyncio.to_thread(start_agent, folder, stages - 1,
-                                                      fleet.identity(f"replay-{stages - 1}"), cache_dir,
-                                                      listen=listen, extra=extra))
+                agents.append(
+                    await asyncio.to_thread(
+                        start_agent,
+                        folder,
+                        stages - 1,
+                        fleet.identity(f"replay-{stages - 1}"),
+                        cache_dir,
+                        listen=listen,
+                        extra=extra,
+                    )
+                )
         return events
 
     try:

@@ -91,9 +91,7 @@ def test_missing_source(tmp_path: Path, cache_dir: Path) -> None:
     assert_nothing_left(out)
 
 
-def test_failure_mid_export_leaves_nothing(
-    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failure_mid_export_leaves_nothing(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint that breaks while the second stage is loading leaves no folder behind."""
     from shards.checkpoint.gguf_file import GgufCheckpoint
     from shards.export.exporter import ExportRequest, export
@@ -113,9 +111,7 @@ def test_failure_mid_export_leaves_nothing(
 
 
 @pytest.mark.parametrize("damage", ["flipped byte", "missing file", "bad manifest"])
-def test_damaged_export_is_refused(
-    damage: str, tmp_path: Path, cache_dir: Path, exported: Callable[..., Path]
-) -> None:
+def test_damaged_export_is_refused(damage: str, tmp_path: Path, cache_dir: Path, exported: Callable[..., Path]) -> None:
     folder = tmp_path / "export"
     shutil.copytree(exported(2, "fp32"), folder)
     weights = folder / "stage-1" / "openvino_model.bin"
@@ -150,8 +146,15 @@ def test_export_over_foreign_folder_is_refused(tmp_path: Path, cache_dir: Path) 
 def test_errors_share_one_root() -> None:
     from shards import errors
 
-    for name in ("SourceError", "UnsupportedModelError", "CorruptCheckpointError", "ExportError",
-                 "ManifestError", "IntegrityError", "RuntimeStageError"):
+    for name in (
+        "SourceError",
+        "UnsupportedModelError",
+        "CorruptCheckpointError",
+        "ExportError",
+        "ManifestError",
+        "IntegrityError",
+        "RuntimeStageError",
+    ):
         assert issubclass(getattr(errors, name), ShoalError)
 
 
@@ -175,8 +178,9 @@ def test_export_is_reused_only_when_current(edit: str, tmp_path: Path, exported:
     old = Manifest.load(folder)
     ranges = plan_layer_split(old.arch, 2, "fp32")
     revision = open_checkpoint("smollm2", tmp_path / "cache").revision()
-    existing, replace = _reusable(ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32"),
-                                  revision, ranges)
+    existing, replace = _reusable(
+        ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32"), revision, ranges
+    )
     if edit == "none":
         assert existing is not None and not replace
     else:

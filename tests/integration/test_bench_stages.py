@@ -29,7 +29,8 @@ def test_stages_are_also_timed_all_at_once(exported: Callable[..., Path], cache_
     assert len(together) == 3 and all(t.alone_ms > 0 and t.together_ms > 0 for t in together)
     # three stages sharing one core: each waits for the others' steps when they all run
     assert sum(t.together_ms for t in together) > sum(t.alone_ms for t in together)
-    table = render_table(str(export), time_stages(export, threads=1, prompt_tokens=8, tokens=2, cache_dir=cache_dir),
-                         together)
+    table = render_table(
+        str(export), time_stages(export, threads=1, prompt_tokens=8, tokens=2, cache_dir=cache_dir), together
+    )
     rows = [line for line in table.splitlines() if line.startswith("| stage-")]
     assert len(rows) == 3 and all(" → " in row for row in rows) and "Users keeping every stage busy" in table

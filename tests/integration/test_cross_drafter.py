@@ -18,8 +18,11 @@ from agent.runtime.stage import CompiledStage
 from shards.manifest import Manifest
 from tests.integration.local_decode import GREEDY, greedy_tokens
 
-CODE = ["def add(a, b):\n    return a + b\n", "for item in items:\n    print(item)\n",
-        "<|im_start|>user\nHello there, how are you?<|im_end|>\n<|im_start|>assistant\nFine, thanks."]
+CODE = [
+    "def add(a, b):\n    return a + b\n",
+    "for item in items:\n    print(item)\n",
+    "<|im_start|>user\nHello there, how are you?<|im_end|>\n<|im_start|>assistant\nFine, thanks.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +47,17 @@ def test_text_bridge_between_two_tokenizers(smollm2_tokenizer: Any, small_tokeni
         assert small_tokenizer.decode(draft_ids) == smollm2_tokenizer.decode(target_ids)
         # the draft's text, back in target ids, continues the context exactly
         cut = len(target_ids) // 2
-        rest = bridge.draft_text(small_tokenizer.encode(smollm2_tokenizer.decode(target_ids[cut:]),
-                                                        add_special_tokens=False))
+        rest = bridge.draft_text(
+            small_tokenizer.encode(smollm2_tokenizer.decode(target_ids[cut:]), add_special_tokens=False)
+        )
         continued = bridge.continuation(target_ids[:cut], rest)
         assert continued
         assert smollm2_tokenizer.decode(target_ids[:cut] + continued) == text
 
 
-def test_drafting_through_text_keeps_greedy_tokens(exported: Callable[..., Path], cache_dir: Path,
-                                                    chat_ids: list[list[int]], smollm2_tokenizer: Any) -> None:
+def test_drafting_through_text_keeps_greedy_tokens(
+    exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]], smollm2_tokenizer: Any
+) -> None:
     # f32: mask-based rewind is exact there, so speculation may not change a single token
     config = RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov", precision="f32")
     target_dir, draft_dir = exported(3, "int4"), exported(1, "int4")
@@ -73,8 +78,9 @@ def test_drafting_through_text_keeps_greedy_tokens(exported: Callable[..., Path]
         assert stats.drafted > 0 and stats.acceptance > 0.5, name
 
 
-def test_drafters_of_one_factory_share_the_model_not_the_state(exported: Callable[..., Path], cache_dir: Path,
-                                                              chat_ids: list[list[int]]) -> None:
+def test_drafters_of_one_factory_share_the_model_not_the_state(
+    exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
+) -> None:
     """Two conversations' drafters from one factory (one compiled draft model, as an agent's chats use it):
     interleaving them gives each exactly the drafts it gives alone."""
     config = RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov", precision="f32")
@@ -82,8 +88,12 @@ def test_drafters_of_one_factory_share_the_model_not_the_state(exported: Callabl
     factory = DrafterFactory("draft", target_dir, Manifest.load(target_dir), config, draft_dir)
     a, b = factory.new(GREEDY), factory.new(GREEDY)
     assert a is not None and b is not None
-    interleaved = [a.propose(chat_ids[0], 4).tokens, b.propose(chat_ids[1], 4).tokens,
-                   a.propose(chat_ids[0][:-3], 4).tokens, b.propose(chat_ids[1] + [42], 4).tokens]
+    interleaved = [
+        a.propose(chat_ids[0], 4).tokens,
+        b.propose(chat_ids[1], 4).tokens,
+        a.propose(chat_ids[0][:-3], 4).tokens,
+        b.propose(chat_ids[1] + [42], 4).tokens,
+    ]
     alone = []
     for context in (chat_ids[0], chat_ids[1], chat_ids[0][:-3], chat_ids[1] + [42]):
         fresh = factory.new(GREEDY)

@@ -19,8 +19,9 @@ from tests.integration.local_decode import greedy_tokens
 
 def _default_pipeline(folder: Path, cache_dir: Path) -> LocalPipeline:
     """Every setting at its default but the device and threads: the stages must choose to compact."""
-    pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", threads=1,
-                                                                          cache_dir=cache_dir / "ov"))
+    pipeline = LocalPipeline(
+        folder, Manifest.load(folder), RuntimeConfig(device="CPU", threads=1, cache_dir=cache_dir / "ov")
+    )
     assert all(stage.compact_rewind for stage in pipeline.stages)
     return pipeline
 

@@ -33,9 +33,7 @@ def _kv_reads_through_beam_gather(model: ov.Model) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(("stages", "weights"), [(3, "int4"), (2, "fp32")])
-def test_every_kv_read_goes_through_beam_idx_gather(
-    stages: int, weights: str, exported: Callable[..., Path]
-) -> None:
+def test_every_kv_read_goes_through_beam_idx_gather(stages: int, weights: str, exported: Callable[..., Path]) -> None:
     folder = exported(stages, weights)
     manifest = Manifest.load(folder)
     core = ov.Core()
@@ -69,9 +67,24 @@ def test_second_export_is_reused(exported: Callable[..., Path], cache_dir: Path)
     folder = exported(2, "fp32")
     before = (folder / "manifest.json").stat().st_mtime_ns
     result = subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "export", "smollm2",
-         "--stages", "2", "--weights", "fp32", "--out", str(folder)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--cache-dir",
+            str(cache_dir),
+            "export",
+            "smollm2",
+            "--stages",
+            "2",
+            "--weights",
+            "fp32",
+            "--out",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert (folder / "manifest.json").stat().st_mtime_ns == before
@@ -92,9 +105,21 @@ def test_self_draft_is_one_stateful_graph(exported: Callable[..., Path]) -> None
 def test_generate_prints_only_the_completion(exported: Callable[..., Path], cache_dir: Path) -> None:
     folder = exported(3, "fp32")
     result = subprocess.run(
-        [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "generate", str(folder),
-         "What is the capital of France?", "--max-tokens", "24"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "agent.cli.main",
+            "--cache-dir",
+            str(cache_dir),
+            "generate",
+            str(folder),
+            "What is the capital of France?",
+            "--max-tokens",
+            "24",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout

@@ -52,8 +52,15 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) ->
     from transformers import Qwen2Config
 
     config = Qwen2Config(
-        vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
+        vocab_size=49152,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
     )
     folder = tmp_path_factory.mktemp("models") / "qwen2-tiny"
     return folder, _save_random_model(folder, config, tokenizer_dir, seed=7)
@@ -64,8 +71,9 @@ def test_qwen2_two_stages_match_transformers(
 ) -> None:
     source, model = tiny_qwen2
     out = tmp_path / "qwen2-export"
-    manifest = export(ExportRequest(source=str(source), out_dir=out, stages=2, weights="fp32"), cache_dir,
-                      progress=False)
+    manifest = export(
+        ExportRequest(source=str(source), out_dir=out, stages=2, weights="fp32"), cache_dir, progress=False
+    )
     assert manifest.arch.family == "qwen2" and manifest.arch.qkv_bias
     pipeline = LocalPipeline(out, manifest, RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
     for ids in chat_ids[:2]:
@@ -84,14 +92,23 @@ def test_draft_model_export_and_vocabulary_check(
 
     target = str(tiny_qwen2[0])
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.2,
     )
     draft = tmp_path / "draft-tiny"
     model = _save_random_model(draft, config, tokenizer_dir, seed=3)
     out = tmp_path / "with-draft"
-    manifest = export(ExportRequest(source=target, out_dir=out, stages=2, weights="fp32",
-                                    draft_source=str(draft)), cache_dir, progress=False)
+    manifest = export(
+        ExportRequest(source=target, out_dir=out, stages=2, weights="fp32", draft_source=str(draft)),
+        cache_dir,
+        progress=False,
+    )
     assert manifest.draft is not None and manifest.draft.kind == "model"
     assert manifest.draft.arch.num_layers == 2 and manifest.draft.arch.family == "llama"
     # the draft graph runs on its own (one stateful graph) and reproduces its transformers model
@@ -106,7 +123,12 @@ def test_draft_model_export_and_vocabulary_check(
     tok.add_tokens(["<shoal-extra-token>"])
     tok.save_pretrained(str(other))
     with pytest.raises(ExportError, match="does not share the target's tokenizer"):
-        export(ExportRequest(source=target, out_dir=tmp_path / "refused", stages=2, weights="fp32",
-                             draft_source=str(other)), cache_dir, progress=False)
+        export(
+            ExportRequest(
+                source=target, out_dir=tmp_path / "refused", stages=2, weights="fp32", draft_source=str(other)
+            ),
+            cache_dir,
+            progress=False,
+        )
     assert not (tmp_path / "refused").exists()
     assert Manifest.load(out).draft is not None

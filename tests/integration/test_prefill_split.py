@@ -32,7 +32,9 @@ def _distance(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 
 def test_the_kv_state_crosses_between_compilations_exactly(
-    exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]],
+    exported: Callable[..., Path],
+    cache_dir: Path,
+    chat_ids: list[list[int]],
 ) -> None:
     """Long steps in a second compilation of the same graph: with an f32 KV cache (no re-rounding when the
     state is set) the split session gives exactly the logits of one compilation, on any CPU."""
@@ -54,7 +56,9 @@ def test_the_kv_state_crosses_between_compilations_exactly(
 
 
 def test_fast_prefill_hands_the_kv_state_over_in_the_default_precision(
-    exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]],
+    exported: Callable[..., Path],
+    cache_dir: Path,
+    chat_ids: list[list[int]],
     record_property: Callable[[str, object], None],
 ) -> None:
     """The real ``fast_prefill`` split: only where the CPU's default precision is below f32 (elsewhere it
@@ -62,8 +66,9 @@ def test_fast_prefill_hands_the_kv_state_over_in_the_default_precision(
     folder = exported(1, "int4")
     manifest = Manifest.load(folder)
     graph = manifest.stages[0]
-    split = CompiledStage(folder, graph, manifest.weights,
-                          RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov", fast_prefill=True))
+    split = CompiledStage(
+        folder, graph, manifest.weights, RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov", fast_prefill=True)
+    )
     default = default_inference_precision(ov.Core(), "CPU")
     record_property("cpu_default_precision", default)
     if default == "f32":
@@ -76,12 +81,15 @@ def test_fast_prefill_hands_the_kv_state_over_in_the_default_precision(
     prompt, turn = chat_ids[0], chat_ids[1]
     got, want = _logits(split.new_session(), prompt, turn), _logits(single.new_session(), prompt, turn)
     # the plugin's default throughout: how far plain rounding moves these logits from f32
-    rounded = CompiledStage(folder, graph, manifest.weights,
-                            RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov", precision=default))
+    rounded = CompiledStage(
+        folder, graph, manifest.weights, RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov", precision=default)
+    )
     worst, rounding = _distance(got, want), _distance(_logits(rounded.new_session(), prompt, turn), want)
     record_property("max_abs_logit_difference", worst)
-    print(f"\nprefill split vs one compilation: max abs logit difference {worst:.4f} "
-          f"({default} throughout: {rounding:.4f})")
+    print(
+        f"\nprefill split vs one compilation: max abs logit difference {worst:.4f} "
+        f"({default} throughout: {rounding:.4f})"
+    )
     for g, w in zip(got, want, strict=True):
         assert int(np.argmax(g)) == int(np.argmax(w))
     # Only the prefill rounds in the default precision here, so the split stays within that compilation's

@@ -42,17 +42,37 @@ N_TOKENS = 64
 
 
 def _client(folder: Path, ring: list[AgentProcess], identity: NodeIdentity) -> RingClient:
-    return RingClient(Manifest.load(folder), ring[0].address, ring[-1].address, client_context(identity),
-                      identity.name)
+    return RingClient(Manifest.load(folder), ring[0].address, ring[-1].address, client_context(identity), identity.name)
 
 
-def _decoding(session: RingSession, client: RingClient, prompt: list[int], params: SamplingParams = GREEDY,
-              drafter: object = None, k: int | None = None, n: int = N_TOKENS, stats: DecodeStats | None = None,
-              depth: int = 1, continue_above: float = 0.7, draft_ahead: bool = False) -> AsyncIterator[int]:
-    return decode(session, prompt, max_tokens=n, stop_ids=frozenset(), params=params,
-                  context_tokens=client.manifest.context_tokens, drafter=drafter,  # type: ignore[arg-type]
-                  k_policy=AdaptiveK(fixed=k), stats=stats, depth=depth, continue_above=continue_above,
-                  turn=client.turn, draft_ahead=draft_ahead)
+def _decoding(
+    session: RingSession,
+    client: RingClient,
+    prompt: list[int],
+    params: SamplingParams = GREEDY,
+    drafter: object = None,
+    k: int | None = None,
+    n: int = N_TOKENS,
+    stats: DecodeStats | None = None,
+    depth: int = 1,
+    continue_above: float = 0.7,
+    draft_ahead: bool = False,
+) -> AsyncIterator[int]:
+    return decode(
+        session,
+        prompt,
+        max_tokens=n,
+        stop_ids=frozenset(),
+        params=params,
+        context_tokens=client.manifest.context_tokens,
+        drafter=drafter,  # type: ignore[arg-type]
+        k_policy=AdaptiveK(fixed=k),
+        stats=stats,
+        depth=depth,
+        continue_above=continue_above,
+        turn=client.turn,
+        draft_ahead=draft_ahead,
+    )
 
 
 async def _generate(client: RingClient, prompt: list[int], **kwargs: Any) -> list[int]:
@@ -63,8 +83,9 @@ async def _generate(client: RingClient, prompt: list[int], **kwargs: Any) -> lis
         await session.close()
 
 
-def _ring_tokens(folder: Path, ring: list[AgentProcess], identity: NodeIdentity, prompts: list[list[int]],
-                 **kwargs: object) -> list[list[int]]:
+def _ring_tokens(
+    folder: Path, ring: list[AgentProcess], identity: NodeIdentity, prompts: list[list[int]], **kwargs: object
+) -> list[list[int]]:
     async def run() -> list[list[int]]:
         client = _client(folder, ring, identity)
         await client.connect()
@@ -85,8 +106,12 @@ def pipeline_tokens(exported: Callable[..., Path], cache_dir: Path, chat_ids: li
 
 
 def test_ring_matches_pipeline_and_transformers(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
-    pipeline_tokens: list[list[int]], hf_reference: list[tuple[list[int], np.ndarray]],
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    chat_ids: list[list[int]],
+    pipeline_tokens: list[list[int]],
+    hf_reference: list[tuple[list[int], np.ndarray]],
 ) -> None:
     tokens = _ring_tokens(exported(3, "fp32"), ring3, fleet.identity("head"), chat_ids)
     for prompt, ring, local, (hf, _) in zip(PROMPTS, tokens, pipeline_tokens, hf_reference, strict=True):
@@ -96,8 +121,14 @@ def test_ring_matches_pipeline_and_transformers(
 
 @pytest.mark.parametrize("drafter", ["ngram", "self-draft", "draft-model"])
 def test_speculative_decoding_is_token_exact(
-    drafter: str, ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
-    chat_ids: list[list[int]], pipeline_tokens: list[list[int]], record_property: Callable[[str, object], None],
+    drafter: str,
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
+    chat_ids: list[list[int]],
+    pipeline_tokens: list[list[int]],
+    record_property: Callable[[str, object], None],
 ) -> None:
     folder = exported(3, "fp32")
     manifest = Manifest.load(folder)
@@ -123,9 +154,11 @@ def test_speculative_decoding_is_token_exact(
             await client.close()
 
     tokens = asyncio.run(run())
-    print(f"\n{drafter}: acceptance {stats.acceptance:.1%} of {stats.drafted} drafted, "
-          f"{stats.tokens / max(stats.steps + len(chat_ids), 1):.2f} tokens per ring step, median K {stats.median_k}, "
-          f"drafts ahead used {stats.ahead_used} of {stats.drafted_ahead}")
+    print(
+        f"\n{drafter}: acceptance {stats.acceptance:.1%} of {stats.drafted} drafted, "
+        f"{stats.tokens / max(stats.steps + len(chat_ids), 1):.2f} tokens per ring step, median K {stats.median_k}, "
+        f"drafts ahead used {stats.ahead_used} of {stats.drafted_ahead}"
+    )
     record_property("acceptance", stats.acceptance)
     assert stats.drafted > 0, "the drafter never drafted: speculation was not exercised"
     if ahead:  # the model drafted while the ring answered, and some of those drafts went out as made
@@ -135,7 +168,10 @@ def test_speculative_decoding_is_token_exact(
 
 
 def test_pipelined_speculation_is_token_exact(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    chat_ids: list[list[int]],
     pipeline_tokens: list[list[int]],
 ) -> None:
     """Up to three steps of one session in flight through three agents, drafts continued past unjudged ones."""
@@ -148,23 +184,37 @@ def test_pipelined_speculation_is_token_exact(
         await client.connect()
         try:
             # continue_above=0: every draft is continued, so continuations are judged as well as voided
-            return [await _generate(client, ids, stats=stats, depth=3, continue_above=0.0,
-                                    drafter=make_drafter("ngram", folder, manifest, GREEDY, RuntimeConfig()))
-                    for ids in chat_ids]
+            return [
+                await _generate(
+                    client,
+                    ids,
+                    stats=stats,
+                    depth=3,
+                    continue_above=0.0,
+                    drafter=make_drafter("ngram", folder, manifest, GREEDY, RuntimeConfig()),
+                )
+                for ids in chat_ids
+            ]
         finally:
             await client.close()
 
     tokens = asyncio.run(run())
-    print(f"\npipelined: {stats.continued} steps sent behind unjudged ones, {stats.voided} of them void; "
-          f"acceptance {stats.acceptance:.1%}")
+    print(
+        f"\npipelined: {stats.continued} steps sent behind unjudged ones, {stats.voided} of them void; "
+        f"acceptance {stats.acceptance:.1%}"
+    )
     assert stats.continued > stats.voided, "no continuation was ever judged: pipelining was not exercised"
     for prompt, spec, plain in zip(PROMPTS, tokens, pipeline_tokens, strict=True):
         assert spec == plain, f"pipelined speculative tokens differ from greedy decoding on {prompt!r}"
 
 
 def test_concurrent_sessions_from_two_heads_match_alone(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
-    chat_ids: list[list[int]], pipeline_tokens: list[list[int]],
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
+    chat_ids: list[list[int]],
+    pipeline_tokens: list[list[int]],
 ) -> None:
     """Head A runs two sessions at once (one speculative) while head B, another process, runs a third.
 
@@ -174,10 +224,25 @@ def test_concurrent_sessions_from_two_heads_match_alone(
     head_b = fleet.identity("head-b")
     observer = fleet.identity("observer")
     prompt_b = PROMPTS[3]
-    command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "generate", str(folder),
-               prompt_b, "--max-tokens", "64", "--drafter", "none", "--no-verify", "--identity",
-               str(head_b.cert.parent), "--ring", f"{ring3[0].address[0]}:{ring3[0].address[1]},"
-               f"{ring3[-1].address[0]}:{ring3[-1].address[1]}"]
+    command = [
+        sys.executable,
+        "-m",
+        "agent.cli.main",
+        "--cache-dir",
+        str(cache_dir),
+        "generate",
+        str(folder),
+        prompt_b,
+        "--max-tokens",
+        "64",
+        "--drafter",
+        "none",
+        "--no-verify",
+        "--identity",
+        str(head_b.cert.parent),
+        "--ring",
+        f"{ring3[0].address[0]}:{ring3[0].address[1]},{ring3[-1].address[0]}:{ring3[-1].address[1]}",
+    ]
     alone_b = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert alone_b.returncode == 0, alone_b.stderr
 
@@ -194,12 +259,15 @@ def test_concurrent_sessions_from_two_heads_match_alone(
         await client.connect()
         sessions = [client.session(GREEDY), client.session(GREEDY)]
         drafter = make_drafter("ngram", folder, client.manifest, GREEDY, RuntimeConfig())
-        answers = [_decoding(sessions[0], client, chat_ids[0]), _decoding(sessions[1], client, chat_ids[1],
-                                                                          drafter=drafter)]
+        answers = [
+            _decoding(sessions[0], client, chat_ids[0]),
+            _decoding(sessions[1], client, chat_ids[1], drafter=drafter),
+        ]
         try:
             firsts = [await anext(answer) for answer in answers]  # both prompts are on every stage now
-            process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE,
-                                                           stderr=asyncio.subprocess.PIPE)
+            process = await asyncio.create_subprocess_exec(
+                *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
             await asyncio.wait_for(held_everywhere(3), 120)
             assert process.returncode is None, "head B finished before head A went on: nothing overlapped"
 
@@ -222,7 +290,10 @@ def test_concurrent_sessions_from_two_heads_match_alone(
 
 
 def test_fleet_busy_refuses_only_the_extra_session(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    chat_ids: list[list[int]],
     pipeline_tokens: list[list[int]],
 ) -> None:
     folder = exported(3, "fp32")
@@ -253,7 +324,9 @@ def test_fleet_busy_refuses_only_the_extra_session(
 
 
 def test_prompt_too_long_fails_before_anything_is_sent(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet,
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
 ) -> None:
     folder = exported(3, "fp32")
     before = status(ring3[0].address, fleet.identity("head"))["steps_served"]
@@ -272,24 +345,48 @@ def test_prompt_too_long_fails_before_anything_is_sent(
 
 
 def test_killed_head_frees_its_session_on_every_stage(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
 ) -> None:
     folder = exported(3, "fp32")
     observer = fleet.identity("observer")
     head = fleet.identity("doomed-head")
-    command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "generate", str(folder),
-               "Write a very long story about a dragon who learns to code.", "--max-tokens", "1500",
-               "--drafter", "none", "--no-verify", "--identity", str(head.cert.parent), "--ring",
-               f"{ring3[0].address[0]}:{ring3[0].address[1]},{ring3[-1].address[0]}:{ring3[-1].address[1]}"]
+    command = [
+        sys.executable,
+        "-m",
+        "agent.cli.main",
+        "--cache-dir",
+        str(cache_dir),
+        "generate",
+        str(folder),
+        "Write a very long story about a dragon who learns to code.",
+        "--max-tokens",
+        "1500",
+        "--drafter",
+        "none",
+        "--no-verify",
+        "--identity",
+        str(head.cert.parent),
+        "--ring",
+        f"{ring3[0].address[0]}:{ring3[0].address[1]},{ring3[-1].address[0]}:{ring3[-1].address[1]}",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        held = wait_for(lambda: all(status(a.address, observer)["sessions"] for a in ring3), 120,
-                        "the head's session on every stage")
+        held = wait_for(
+            lambda: all(status(a.address, observer)["sessions"] for a in ring3),
+            120,
+            "the head's session on every stage",
+        )
         assert held
         os.kill(process.pid, signal.SIGKILL)
         process.wait(10)
-        wait_for(lambda: not any(status(a.address, observer)["sessions"] for a in ring3), 15,
-                 "every stage to free the killed head's session")
+        wait_for(
+            lambda: not any(status(a.address, observer)["sessions"] for a in ring3),
+            15,
+            "every stage to free the killed head's session",
+        )
     finally:
         if process.poll() is None:
             process.kill()
@@ -298,7 +395,10 @@ def test_killed_head_frees_its_session_on_every_stage(
 
 
 def test_in_process_target_and_ring_sample_identically(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
     chat_ids: list[list[int]],
 ) -> None:
     """Sampling (temperature, top-p, seed) with n-gram speculation: the ring draws what the pipeline draws."""
@@ -309,17 +409,32 @@ def test_in_process_target_and_ring_sample_identically(
 
     async def local() -> list[int]:
         target = LocalTarget(pipeline.new_session(), params, ThreadPoolExecutor(1))
-        return [t async for t in decode(target, chat_ids[1], max_tokens=48, stop_ids=frozenset(), params=params,
-                                        context_tokens=manifest.context_tokens,
-                                        drafter=make_drafter("ngram", folder, manifest, params, RuntimeConfig()),
-                                        k_policy=AdaptiveK(fixed=3))]
+        return [
+            t
+            async for t in decode(
+                target,
+                chat_ids[1],
+                max_tokens=48,
+                stop_ids=frozenset(),
+                params=params,
+                context_tokens=manifest.context_tokens,
+                drafter=make_drafter("ngram", folder, manifest, params, RuntimeConfig()),
+                k_policy=AdaptiveK(fixed=3),
+            )
+        ]
 
     async def ring() -> list[int]:
         client = _client(folder, ring3, fleet.identity("head"))
         await client.connect()
         try:
-            return await _generate(client, chat_ids[1], params=params, n=48, k=3,
-                                   drafter=make_drafter("ngram", folder, manifest, params, RuntimeConfig()))
+            return await _generate(
+                client,
+                chat_ids[1],
+                params=params,
+                n=48,
+                k=3,
+                drafter=make_drafter("ngram", folder, manifest, params, RuntimeConfig()),
+            )
         finally:
             await client.close()
 
@@ -328,8 +443,13 @@ def test_in_process_target_and_ring_sample_identically(
 
 @pytest.mark.parametrize("depth", [1, 2])
 def test_head_holding_stage_zero_runs_it_in_process(
-    depth: int, ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
-    chat_ids: list[list[int]], pipeline_tokens: list[list[int]],
+    depth: int,
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
+    chat_ids: list[list[int]],
+    pipeline_tokens: list[list[int]],
 ) -> None:
     """The head computes stage 0 itself and sends hidden states to the agent of stage 1 (one step at a
     time, or pipelined: the next step's stage 0 runs while the agents work on the one before)."""
@@ -341,12 +461,23 @@ def test_head_holding_stage_zero_runs_it_in_process(
     stage0 = CompiledStage(folder, manifest.stages[0], manifest.weights, RuntimeConfig(device="CPU"))
 
     async def run() -> list[int]:
-        client = RingClient(manifest, ring3[1].address, ring3[2].address, client_context(identity), identity.name,
-                            local_stages=[stage0], executor=ThreadPoolExecutor(1))
+        client = RingClient(
+            manifest,
+            ring3[1].address,
+            ring3[2].address,
+            client_context(identity),
+            identity.name,
+            local_stages=[stage0],
+            executor=ThreadPoolExecutor(1),
+        )
         await client.connect()
         try:
-            return await _generate(client, chat_ids[3], depth=depth,
-                                   drafter=make_drafter("ngram", folder, manifest, GREEDY, RuntimeConfig()))
+            return await _generate(
+                client,
+                chat_ids[3],
+                depth=depth,
+                drafter=make_drafter("ngram", folder, manifest, GREEDY, RuntimeConfig()),
+            )
         finally:
             await client.close()
 

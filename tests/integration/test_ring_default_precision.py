@@ -25,7 +25,10 @@ GREEDY = SamplingParams()
 
 
 def test_speculative_greedy_equals_plain_through_a_default_ring(
-    ring3_int4: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+    ring3_int4: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    chat_ids: list[list[int]],
 ) -> None:
     folder = exported(3, "int4")
     manifest = Manifest.load(folder)
@@ -36,19 +39,33 @@ def test_speculative_greedy_equals_plain_through_a_default_ring(
     stats = DecodeStats()
 
     async def run(speculative: bool, depth: int) -> list[list[int]]:
-        client = RingClient(manifest, ring3_int4[0].address, ring3_int4[-1].address, client_context(identity),
-                            identity.name)
+        client = RingClient(
+            manifest, ring3_int4[0].address, ring3_int4[-1].address, client_context(identity), identity.name
+        )
         await client.connect()
         try:
             results = []
             for ids in chat_ids:
                 session = client.session(GREEDY)
                 try:
-                    results.append([t async for t in decode(
-                        session, ids, max_tokens=64, stop_ids=frozenset(), params=GREEDY,
-                        context_tokens=manifest.context_tokens, drafter=NGramDrafter() if speculative else None,
-                        k_policy=AdaptiveK(), stats=stats if speculative else None, depth=depth,
-                        continue_above=0.0)])
+                    results.append(
+                        [
+                            t
+                            async for t in decode(
+                                session,
+                                ids,
+                                max_tokens=64,
+                                stop_ids=frozenset(),
+                                params=GREEDY,
+                                context_tokens=manifest.context_tokens,
+                                drafter=NGramDrafter() if speculative else None,
+                                k_policy=AdaptiveK(),
+                                stats=stats if speculative else None,
+                                depth=depth,
+                                continue_above=0.0,
+                            )
+                        ]
+                    )
                 finally:
                     await session.close()
             return results
@@ -61,5 +78,6 @@ def test_speculative_greedy_equals_plain_through_a_default_ring(
         assert asyncio.run(run(True, depth)) == plain, f"speculative tokens differ from plain at depth {depth}"
     assert stats.accepted < stats.drafted and stats.voided > 0, "nothing was rewound: compaction was not exercised"
     cut_after = [float(status(a.address, identity)["kv_cut_seconds"]) for a in ring3_int4]  # type: ignore[arg-type]
-    assert all(after > before for before, after in zip(cut_before, cut_after, strict=True)), \
+    assert all(after > before for before, after in zip(cut_before, cut_after, strict=True)), (
         "an agent did not time its KV cuts"
+    )

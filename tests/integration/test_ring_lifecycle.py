@@ -32,7 +32,10 @@ def _tokens(folder: Path, ring: list[AgentProcess], fleet: Fleet, prompt: list[i
 
 
 def test_first_stage_up_before_its_successor_then_successor_restarts(
-    exported: Callable[..., Path], fleet: Fleet, cache_dir: Path, chat_ids: list[list[int]],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
+    chat_ids: list[list[int]],
 ) -> None:
     folder = exported(2, "fp32")
     port = free_port()
@@ -55,9 +58,15 @@ def test_first_stage_up_before_its_successor_then_successor_restarts(
                 session = await client.open_session(GREEDY)
                 produced = 0
                 with pytest.raises(RingError):
-                    async for _ in decode(session, chat_ids[1], max_tokens=2000, stop_ids=frozenset(),
-                                          params=GREEDY, context_tokens=client.manifest.context_tokens,
-                                          k_policy=AdaptiveK(fixed=0)):
+                    async for _ in decode(
+                        session,
+                        chat_ids[1],
+                        max_tokens=2000,
+                        stop_ids=frozenset(),
+                        params=GREEDY,
+                        context_tokens=client.manifest.context_tokens,
+                        k_policy=AdaptiveK(fixed=0),
+                    ):
                         produced += 1
                         if produced == 5:
                             os.kill(second.process.pid, signal.SIGKILL)
@@ -76,10 +85,10 @@ def test_first_stage_up_before_its_successor_then_successor_restarts(
             second.process.wait(10)
             wait_for(lambda: status(first.address, observer)["next_stage"] == "down", 10, "stage 0 to notice")
             assert status(first.address, observer)["sessions"] == [], "the broken session was not freed on stage 0"
-            agents[1] = start_agent(folder, 1, fleet.identity("late1"), cache_dir,
-                                    extra=["--listen", f"127.0.0.1:{port}"])
-            wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20,
-                     "stage 0 to reconnect")
+            agents[1] = start_agent(
+                folder, 1, fleet.identity("late1"), cache_dir, extra=["--listen", f"127.0.0.1:{port}"]
+            )
+            wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20, "stage 0 to reconnect")
 
         assert asyncio.run(asyncio.wait_for(interrupted_then_reconnected(), 120)) == before
         assert _tokens(folder, agents, fleet, chat_ids[0], 24) == before  # and a new head too
@@ -90,7 +99,10 @@ def test_first_stage_up_before_its_successor_then_successor_restarts(
 
 
 def test_cancelled_generation_frees_every_stage(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    chat_ids: list[list[int]],
 ) -> None:
     folder = exported(3, "fp32")
     observer = fleet.identity("observer")
@@ -104,8 +116,14 @@ def test_cancelled_generation_frees_every_stage(
             async def long_answer() -> None:
                 session = client.session(GREEDY)
                 try:
-                    async for _ in decode(session, chat_ids[2], max_tokens=2000, stop_ids=frozenset(),
-                                          params=GREEDY, context_tokens=client.manifest.context_tokens):
+                    async for _ in decode(
+                        session,
+                        chat_ids[2],
+                        max_tokens=2000,
+                        stop_ids=frozenset(),
+                        params=GREEDY,
+                        context_tokens=client.manifest.context_tokens,
+                    ):
                         produced.set()
                 finally:
                     await session.close()
@@ -122,20 +140,27 @@ def test_cancelled_generation_frees_every_stage(
 
     tokens = asyncio.run(run())
     assert len(tokens) == 8
-    wait_for(lambda: not any(status(a.address, observer)["sessions"] for a in ring3), 10,
-             "every stage to free the cancelled session")
+    wait_for(
+        lambda: not any(status(a.address, observer)["sessions"] for a in ring3),
+        10,
+        "every stage to free the cancelled session",
+    )
 
 
 def test_a_full_later_stage_refuses_only_the_extra_session(
-    exported: Callable[..., Path], fleet: Fleet, cache_dir: Path, chat_ids: list[list[int]],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
+    chat_ids: list[list[int]],
 ) -> None:
     """Stage 1 holds one session, stage 0 three: the second session is refused by stage 1, the refusal reaches
     its head as "fleet busy", stage 0 frees what it had opened for it, and the first session carries on."""
     folder = exported(2, "fp32")
     observer = fleet.identity("observer")
     last = start_agent(folder, 1, fleet.identity("busy1"), cache_dir, extra=["--max-sessions", "1"])
-    first = start_agent(folder, 0, fleet.identity("busy0"), cache_dir, next_address=last.address,
-                        extra=["--max-sessions", "3"])
+    first = start_agent(
+        folder, 0, fleet.identity("busy0"), cache_dir, next_address=last.address, extra=["--max-sessions", "3"]
+    )
     agents = [first, last]
     try:
         wait_for(lambda: status(first.address, observer)["next_stage"] == "connected", 20, "stage 0 to find stage 1")

@@ -57,17 +57,23 @@ def test_peer_from_another_ca_is_refused_and_logged(ring3: list[AgentProcess], f
 
 
 def test_successor_from_another_ca_is_refused_and_logged_by_the_dialling_stage(
-    exported: Callable[..., Path], fleet: Fleet, cache_dir: Path,
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    cache_dir: Path,
 ) -> None:
     """A stage whose next stage shows another CA's certificate warns, with its address, and never relays."""
     folder = exported(2, "fp32")
     port = free_port()
-    impostor = start_agent(folder, 1, fleet.foreign_identity("impostor1"), cache_dir,
-                           extra=["--listen", f"127.0.0.1:{port}"])
+    impostor = start_agent(
+        folder, 1, fleet.foreign_identity("impostor1"), cache_dir, extra=["--listen", f"127.0.0.1:{port}"]
+    )
     dialler = start_agent(folder, 0, fleet.identity("dialler0"), cache_dir, next_address=("127.0.0.1", port))
     try:
-        wait_for(lambda: any(f"refused next stage 127.0.0.1:{port}" in line and "WARNING" in line
-                             for line in dialler.log), 20, "the dialling stage's warning")
+        wait_for(
+            lambda: any(f"refused next stage 127.0.0.1:{port}" in line and "WARNING" in line for line in dialler.log),
+            20,
+            "the dialling stage's warning",
+        )
         assert status(dialler.address, fleet.identity("observer"))["next_stage"] == "down"
     finally:
         dialler.stop()
@@ -86,8 +92,14 @@ def test_peer_without_certificate_is_refused_and_logged(ring3: list[AgentProcess
     wait_for(lambda: _refusals(agent) > before, 10, "the refusal in the agent's log")
 
 
-def _header(type_: int = FrameType.STATUS_REQUEST, version: int = PROTOCOL_VERSION, dtype: int = 0, ndim: int = 0,
-            dims: tuple[int, int, int, int] = (0, 0, 0, 0), size: int = 0) -> bytes:
+def _header(
+    type_: int = FrameType.STATUS_REQUEST,
+    version: int = PROTOCOL_VERSION,
+    dtype: int = 0,
+    ndim: int = 0,
+    dims: tuple[int, int, int, int] = (0, 0, 0, 0),
+    size: int = 0,
+) -> bytes:
     return HEADER.pack(MAGIC, version, type_, 0, 0, 0, 0, 0, 0, dtype, ndim, *dims, size)
 
 
@@ -100,8 +112,7 @@ BAD_FRAMES = {
 }
 
 
-async def _send_raw_after_hello(address: tuple[str, int], context: ssl.SSLContext, export_id: str,
-                                raw: bytes) -> float:
+async def _send_raw_after_hello(address: tuple[str, int], context: ssl.SSLContext, export_id: str, raw: bytes) -> float:
     """Send ``raw`` on a good connection; return how long the agent took to close it."""
     reader, writer = await asyncio.open_connection(*address, ssl=context, server_hostname=address[0])
     try:
@@ -132,7 +143,11 @@ async def _send_raw_after_hello(address: tuple[str, int], context: ssl.SSLContex
 
 @pytest.mark.parametrize("case", list(BAD_FRAMES))
 def test_malformed_frame_closes_only_that_connection(
-    case: str, ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]],
+    case: str,
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
+    chat_ids: list[list[int]],
 ) -> None:
     agent = ring3[0]
     folder = exported(3, "fp32")
@@ -164,7 +179,9 @@ def test_malformed_frame_closes_only_that_connection(
 
 
 def test_oversized_frame_is_refused_before_allocation(
-    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet,
+    ring3: list[AgentProcess],
+    exported: Callable[..., Path],
+    fleet: Fleet,
 ) -> None:
     agent = ring3[0]
     identity = fleet.identity("head")
@@ -180,4 +197,3 @@ def test_oversized_frame_is_refused_before_allocation(
     grown = psutil.Process(agent.process.pid).memory_info().rss - rss_before
     assert grown < 24 << 20, f"the agent's memory grew by {grown >> 20} MiB"
     assert any("exceeds the" in line and "cap" in line for line in agent.log)
-

@@ -30,9 +30,11 @@ K = 2
 
 
 @pytest.fixture(scope="module")
-def distributions(exported: Callable[..., Path], cache_dir: Path,
-                  chat_ids: list[list[int]]) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+def distributions(
+    exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
+) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
     """(p_1..p_{K+1}, q_1..q_K) starting at each of POSITIONS."""
+
     def logits(folder: Path) -> np.ndarray:
         pipeline = LocalPipeline(folder, Manifest.load(folder), RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov"))
         return pipeline.new_session().step(np.asarray([chat_ids[1]], dtype=np.int64))[0].copy()
@@ -47,14 +49,17 @@ def distributions(exported: Callable[..., Path], cache_dir: Path,
 
 
 def test_speculative_sampling_keeps_the_target_distribution(
-    distributions: list[tuple[list[np.ndarray], list[np.ndarray]]], record_property: Callable[[str, object], None],
+    distributions: list[tuple[list[np.ndarray], list[np.ndarray]]],
+    record_property: Callable[[str, object], None],
 ) -> None:
     for index, (p, q) in enumerate(distributions):
         first, second = emitted_token_histograms(verify_sampled, p, q, SAMPLES, seed=100 + index)
         p_first, p_second = chi_square_pvalue(first, p[0]), chi_square_pvalue(second, p[1])
         overlap = float(np.minimum(p[0], q[0]).sum())  # the expected acceptance of the first draft
-        print(f"\nposition {POSITIONS[index]}: chi-square p-values {p_first:.3f} / {p_second:.3f}, "
-              f"draft acceptance ≈ {overlap:.2f}")
+        print(
+            f"\nposition {POSITIONS[index]}: chi-square p-values {p_first:.3f} / {p_second:.3f}, "
+            f"draft acceptance ≈ {overlap:.2f}"
+        )
         record_property(f"pvalue_{POSITIONS[index]}", p_first)
         assert p_first > 1e-3, f"first emitted token does not follow p at position {POSITIONS[index]}"
         assert second.sum() > 1000 and p_second > 1e-3
@@ -62,7 +67,9 @@ def test_speculative_sampling_keeps_the_target_distribution(
 
 @pytest.mark.parametrize("broken", list(BROKEN))
 def test_the_check_fails_when_the_rule_is_broken(
-    broken: str, distributions: list[tuple[list[np.ndarray], list[np.ndarray]]], monkeypatch: pytest.MonkeyPatch,
+    broken: str,
+    distributions: list[tuple[list[np.ndarray], list[np.ndarray]]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     name, replacement = BROKEN[broken]
     monkeypatch.setattr(speculative, name, replacement)

@@ -99,4 +99,4 @@ def plain_greedy(prompt: list[int], n: int) -> list[int]:
     context = list(prompt)
     for _ in range(n):
         context.append(next_greedy(context))
-    return context[len(prompt):]
+    return context[len(prompt) :]

@@ -13,8 +13,10 @@ pytestmark = pytest.mark.ring
 
 def test_file_then_flags(tmp_path: Path) -> None:
     config_file = tmp_path / "agent.toml"
-    config_file.write_text('export_dir = "/srv/export"\nstages = [1, 2]\nidentity_dir = "/srv/id"\n'
-                           'listen = "0.0.0.0:7000"\nnext = "10.0.0.3:7000"\nthreads = 2\nmax_sessions = 4\n')
+    config_file.write_text(
+        'export_dir = "/srv/export"\nstages = [1, 2]\nidentity_dir = "/srv/id"\n'
+        'listen = "0.0.0.0:7000"\nnext = "10.0.0.3:7000"\nthreads = 2\nmax_sessions = 4\n'
+    )
     config = load_agent_config(config_file, {"threads": 1, "device": None})
     assert config.export_dir == Path("/srv/export")
     assert config.stages == (1, 2)
@@ -24,20 +26,23 @@ def test_file_then_flags(tmp_path: Path) -> None:
     assert config.max_sessions == 4
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"stages": [0, 2]}, "consecutive"),
-    ({"max_sessions": 0}, "at least 1"),
-    ({"wire_dtype": "f8"}, "wire_dtype"),
-    ({"colour": "blue"}, "unknown agent settings: colour"),
-    ({"stages": None, "identity_dir": "x"}, "'stages' is missing"),
-    ({"chat": "0.0.0.0:7000", "chat_file": "c.json"}, "loopback"),
-    ({"chat": "127.0.0.1:0"}, "chat_file is needed"),
-    ({"chat": "127.0.0.1:0", "chat_file": "c.json", "stages": [1]}, "needs ring_first"),
-    ({"drafter": "oracle"}, "drafter must be one of"),
-    ({"http": "127.0.0.1:8080"}, "http needs chat"),
-    ({"chat_keep": -1}, "must not be negative"),
-    ({"http": "10.0.0.1:8080", "chat": "127.0.0.1:0", "chat_file": "c.json"}, "HTTP API is for clients on this PC"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"stages": [0, 2]}, "consecutive"),
+        ({"max_sessions": 0}, "at least 1"),
+        ({"wire_dtype": "f8"}, "wire_dtype"),
+        ({"colour": "blue"}, "unknown agent settings: colour"),
+        ({"stages": None, "identity_dir": "x"}, "'stages' is missing"),
+        ({"chat": "0.0.0.0:7000", "chat_file": "c.json"}, "loopback"),
+        ({"chat": "127.0.0.1:0"}, "chat_file is needed"),
+        ({"chat": "127.0.0.1:0", "chat_file": "c.json", "stages": [1]}, "needs ring_first"),
+        ({"drafter": "oracle"}, "drafter must be one of"),
+        ({"http": "127.0.0.1:8080"}, "http needs chat"),
+        ({"chat_keep": -1}, "must not be negative"),
+        ({"http": "10.0.0.1:8080", "chat": "127.0.0.1:0", "chat_file": "c.json"}, "HTTP API is for clients on this PC"),
+    ],
+)
 def test_bad_settings_are_refused(overrides: dict[str, object], message: str) -> None:
     values: dict[str, object] = {"export_dir": "e", "stages": [0], "identity_dir": "i"} | overrides
     with pytest.raises(ConfigError, match=message):
@@ -45,10 +50,21 @@ def test_bad_settings_are_refused(overrides: dict[str, object], message: str) ->
 
 
 def test_chat_settings(tmp_path: Path) -> None:
-    config = load_agent_config(None, {"export_dir": "e", "stages": [1], "identity_dir": "i", "chat": "127.0.0.1:0",
-                                      "chat_file": str(tmp_path / "c.json"), "ring_first": "10.0.0.1:7000",
-                                      "ring_last": "10.0.0.3:7000", "drafter": "none", "chat_keep": 30.0,
-                                      "chat_keep_max": 2})
+    config = load_agent_config(
+        None,
+        {
+            "export_dir": "e",
+            "stages": [1],
+            "identity_dir": "i",
+            "chat": "127.0.0.1:0",
+            "chat_file": str(tmp_path / "c.json"),
+            "ring_first": "10.0.0.1:7000",
+            "ring_last": "10.0.0.3:7000",
+            "drafter": "none",
+            "chat_keep": 30.0,
+            "chat_keep_max": 2,
+        },
+    )
     assert config.chat == ("127.0.0.1", 0)
     assert config.chat_file == tmp_path / "c.json"
     assert (config.ring_first, config.ring_last) == (("10.0.0.1", 7000), ("10.0.0.3", 7000))
@@ -89,13 +105,15 @@ def test_defaults_fill_only_what_the_file_and_flags_leave_out(tmp_path: Path) ->
     assert config.identity_dir == Path("/data/fleet/nodes/pc-7")
     config_file.write_text('export_dir = "/srv/export"\nstages = 0\nidentity_dir = "/srv/id"\n')
     assert load_agent_config(config_file, {}, {"identity_dir": identity}).identity_dir == Path("/srv/id")
-    assert load_agent_config(None, {"export_dir": "e", "stages": [0], "identity_dir": "/flag"},
-                             {"identity_dir": identity}).identity_dir == Path("/flag")
+    assert load_agent_config(
+        None, {"export_dir": "e", "stages": [0], "identity_dir": "/flag"}, {"identity_dir": identity}
+    ).identity_dir == Path("/flag")
     assert asked == ["identity_dir"]  # looked up once, where nothing named it
 
 
 def test_the_agent_command_finds_its_identity_under_the_data_dir_with_a_config_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``shoal agent --config FILE`` where the file names no identity: the one node issued under the data dir."""
     from agent.cli import agent_cmd

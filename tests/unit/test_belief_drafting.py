@@ -29,14 +29,15 @@ class ConfidentDrafter:
         self.right = right
         self.asked: list[tuple[int, float]] = []
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
-                stop: Callable[[], bool] | None = None) -> Draft:
+    def propose(
+        self, context: Sequence[int], k: int, min_belief: float = 0.0, stop: Callable[[], bool] | None = None
+    ) -> Draft:
         self.asked.append((k, min_belief))
         known = list(context)
         for _ in range(k):
             nxt = next_greedy(known)
             known.append(nxt if self.right else (nxt + 1) % VOCAB)
-        return Draft(known[len(context):])
+        return Draft(known[len(context) :])
 
     def commit(self, context_len_kept: int) -> None:
         pass
@@ -47,11 +48,21 @@ class ConfidentDrafter:
 
 def _decode(drafter: ConfidentDrafter, stats: DecodeStats, belief_stop: bool = True) -> list[int]:
     async def go() -> list[int]:
-        return [t async for t in decode(ScriptedTarget(), PROMPT, max_tokens=120, stop_ids=frozenset(),
-                                        params=SamplingParams(), context_tokens=4096,
-                                        drafter=drafter,  # type: ignore[arg-type]
-                                        k_policy=AdaptiveK(k_max=12, k_initial=2), stats=stats,
-                                        belief_stop=belief_stop)]
+        return [
+            t
+            async for t in decode(
+                ScriptedTarget(),
+                PROMPT,
+                max_tokens=120,
+                stop_ids=frozenset(),
+                params=SamplingParams(),
+                context_tokens=4096,
+                drafter=drafter,  # type: ignore[arg-type]
+                k_policy=AdaptiveK(k_max=12, k_initial=2),
+                stats=stats,
+                belief_stop=belief_stop,
+            )
+        ]
 
     return asyncio.run(go())
 

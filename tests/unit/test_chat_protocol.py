@@ -21,8 +21,15 @@ def _line(**fields: object) -> bytes:
 
 
 def test_request_round_trip() -> None:
-    request = ChatRequest(token="t", messages=(("system", "be brief"), ("user", "hi")), max_tokens=7,
-                          temperature=0.5, top_p=0.9, top_k=40, seed=3)
+    request = ChatRequest(
+        token="t",
+        messages=(("system", "be brief"), ("user", "hi")),
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        seed=3,
+    )
     assert ChatRequest.from_line(request.to_line()) == request
     assert request.chat_messages() == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert request.sampling.top_k == 40 and not request.sampling.greedy
@@ -34,24 +41,30 @@ def test_defaults() -> None:
     assert request.sampling.greedy
 
 
-@pytest.mark.parametrize(("line", "code", "message"), [
-    (b"not json\n", "bad_request", "not a JSON line"),
-    (b"[1, 2]\n", "bad_request", "not a JSON object"),
-    (_line(v=2), "bad_version", "protocol version 2"),
-    (_line(v=...), "bad_version", "protocol version None"),
-    (_line(token=...), "bad_request", "missing field 'token'"),
-    (_line(messages=[]), "bad_request", "non-empty list"),
-    (_line(messages=[{"role": "user"}]), "bad_request", "each message"),
-    (_line(messages=[{"role": "robot", "content": "x"}]), "bad_request", "role must be one of"),
-    (_line(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]), "bad_request",
-     "last message must be the user's"),
-    (_line(max_tokens=0), "bad_request", "at least 1"),
-    (_line(max_tokens="9"), "bad_request", "'max_tokens' has the wrong type"),
-    (_line(max_tokens=True), "bad_request", "'max_tokens' has the wrong type"),
-    (_line(temperature=-1), "bad_request", "temperature must be"),
-    (_line(top_p=0), "bad_request", "top-p"),
-    (_line(extra=1), "bad_request", "unknown request fields"),
-])
+@pytest.mark.parametrize(
+    ("line", "code", "message"),
+    [
+        (b"not json\n", "bad_request", "not a JSON line"),
+        (b"[1, 2]\n", "bad_request", "not a JSON object"),
+        (_line(v=2), "bad_version", "protocol version 2"),
+        (_line(v=...), "bad_version", "protocol version None"),
+        (_line(token=...), "bad_request", "missing field 'token'"),
+        (_line(messages=[]), "bad_request", "non-empty list"),
+        (_line(messages=[{"role": "user"}]), "bad_request", "each message"),
+        (_line(messages=[{"role": "robot", "content": "x"}]), "bad_request", "role must be one of"),
+        (
+            _line(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
+            "bad_request",
+            "last message must be the user's",
+        ),
+        (_line(max_tokens=0), "bad_request", "at least 1"),
+        (_line(max_tokens="9"), "bad_request", "'max_tokens' has the wrong type"),
+        (_line(max_tokens=True), "bad_request", "'max_tokens' has the wrong type"),
+        (_line(temperature=-1), "bad_request", "temperature must be"),
+        (_line(top_p=0), "bad_request", "top-p"),
+        (_line(extra=1), "bad_request", "unknown request fields"),
+    ],
+)
 def test_bad_requests_are_refused(line: bytes, code: str, message: str) -> None:
     with pytest.raises(ChatProtocolError, match=message) as caught:
         ChatRequest.from_line(line)
@@ -64,8 +77,11 @@ def test_oversized_line_is_refused_before_parsing() -> None:
 
 
 def test_events_round_trip() -> None:
-    for event in (ChatEvent("token", id=42, text="é"), ChatEvent.error("fleet_busy", "try later"),
-                  ChatEvent("done", stats={"tokens": 3, "seconds": 0.5})):
+    for event in (
+        ChatEvent("token", id=42, text="é"),
+        ChatEvent.error("fleet_busy", "try later"),
+        ChatEvent("done", stats={"tokens": 3, "seconds": 0.5}),
+    ):
         assert ChatEvent.from_line(event.to_line()) == event
     with pytest.raises(ChatProtocolError, match="unknown event"):
         ChatEvent.from_line(b'{"v":1,"event":"shrug"}\n')

@@ -37,16 +37,36 @@ class OracleDrafter:
         pass
 
 
-def _decode(target: ScriptedTarget, stop_ids: frozenset[int], *, n: int = 200, depth: int = 1,
-            drafter: str | None = "oracle", stats: DecodeStats | None = None) -> list[int]:
+def _decode(
+    target: ScriptedTarget,
+    stop_ids: frozenset[int],
+    *,
+    n: int = 200,
+    depth: int = 1,
+    drafter: str | None = "oracle",
+    stats: DecodeStats | None = None,
+) -> list[int]:
     made = {None: None, "ngram": NGramDrafter(), "oracle": OracleDrafter()}[drafter]
     # The oracle drafts a fixed 8: the first answer is token 0, then each step keeps 8 drafts and adds one.
     policy = AdaptiveK(k_max=8, k_initial=4, fixed=8 if drafter == "oracle" else None)
 
     async def go() -> list[int]:
-        return [t async for t in decode(target, PROMPT, max_tokens=n, stop_ids=stop_ids, params=SamplingParams(),
-                                        context_tokens=4096, drafter=made,  # type: ignore[arg-type]
-                                        k_policy=policy, depth=depth, stats=stats, continue_above=0.0)]
+        return [
+            t
+            async for t in decode(
+                target,
+                PROMPT,
+                max_tokens=n,
+                stop_ids=stop_ids,
+                params=SamplingParams(),
+                context_tokens=4096,
+                drafter=made,  # type: ignore[arg-type]
+                k_policy=policy,
+                depth=depth,
+                stats=stats,
+                continue_above=0.0,
+            )
+        ]
 
     return asyncio.run(go())
 
@@ -97,8 +117,16 @@ def test_closing_the_generator_mid_answer_stops_sending() -> None:
     target = ScriptedTarget()
 
     async def go() -> tuple[list[int], int]:
-        tokens = decode(target, PROMPT, max_tokens=200, stop_ids=frozenset(), params=SamplingParams(),
-                        context_tokens=4096, drafter=NGramDrafter(), k_policy=AdaptiveK(k_max=8, k_initial=4))
+        tokens = decode(
+            target,
+            PROMPT,
+            max_tokens=200,
+            stop_ids=frozenset(),
+            params=SamplingParams(),
+            context_tokens=4096,
+            drafter=NGramDrafter(),
+            k_policy=AdaptiveK(k_max=8, k_initial=4),
+        )
         taken = [await anext(tokens) for _ in range(15)]
         sent = target.submitted
         await tokens.aclose()

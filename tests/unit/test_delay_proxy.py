@@ -149,8 +149,12 @@ def test_command_line_adds_forwarders_and_sets_the_delay() -> None:
     try:
         server = loop.run_until_complete(serve())
         port = server.sockets[0].getsockname()[1]
-        proc = subprocess.Popen([sys.executable, "-m", "agent.bench.delay_proxy", "--delay-ms", "5"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.bench.delay_proxy", "--delay-ms", "5"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdin is not None and proc.stdout is not None
 
         def ask(line: str) -> str:

@@ -66,8 +66,9 @@ class CheckedModelDrafter(ModelDrafter):
         self.while_answered: list[bool] = []
         self.stops: list[bool | None] = []  # per proposal: what its stop() said then (None: no stop given)
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
-                stop: Callable[[], bool] | None = None) -> Draft:
+    def propose(
+        self, context: Sequence[int], k: int, min_belief: float = 0.0, stop: Callable[[], bool] | None = None
+    ) -> Draft:
         # While a step is answered the target holds exactly the context drafted from: the step's tokens
         # extend the context with its drafts. After the answer the context ends with the answer's token.
         self.while_answered.append(list(context) == self.target.held)
@@ -79,14 +80,33 @@ class CheckedModelDrafter(ModelDrafter):
         return draft
 
 
-def _run(target: ScriptedTarget, drafter: object, n: int, *, params: SamplingParams | None = None,
-         draft_ahead: bool = True, stats: DecodeStats | None = None, turn: HeadTurn | None = None) -> list[int]:
+def _run(
+    target: ScriptedTarget,
+    drafter: object,
+    n: int,
+    *,
+    params: SamplingParams | None = None,
+    draft_ahead: bool = True,
+    stats: DecodeStats | None = None,
+    turn: HeadTurn | None = None,
+) -> list[int]:
     async def go() -> list[int]:
-        return [t async for t in decode(target, PROMPT, max_tokens=n, stop_ids=frozenset(),
-                                        params=params or SamplingParams(), context_tokens=4096,
-                                        drafter=drafter,  # type: ignore[arg-type]
-                                        k_policy=AdaptiveK(k_max=6, k_initial=3), stats=stats,
-                                        draft_ahead=draft_ahead, turn=turn)]
+        return [
+            t
+            async for t in decode(
+                target,
+                PROMPT,
+                max_tokens=n,
+                stop_ids=frozenset(),
+                params=params or SamplingParams(),
+                context_tokens=4096,
+                drafter=drafter,  # type: ignore[arg-type]
+                k_policy=AdaptiveK(k_max=6, k_initial=3),
+                stats=stats,
+                draft_ahead=draft_ahead,
+                turn=turn,
+            )
+        ]
 
     return asyncio.run(go())
 

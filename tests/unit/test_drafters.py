@@ -175,8 +175,9 @@ class _ScriptedModel:
         self.floors: list[float] = []
         self.committed: list[int] = []
 
-    def propose(self, context: list[int], k: int, min_belief: float = 0.0,
-                stop: Callable[[], bool] | None = None) -> Draft:
+    def propose(
+        self, context: list[int], k: int, min_belief: float = 0.0, stop: Callable[[], bool] | None = None
+    ) -> Draft:
         self.asked.append((len(context), k))
         self.floors.append(min_belief)
         return Draft([900 + i for i in range(k)])
@@ -204,8 +205,9 @@ def test_hybrid_copies_long_repeats_and_asks_the_model_elsewhere() -> None:
     assert hybrid.propose([40, 41, 42], 2).tokens == [900, 901]
     # where the loop would send no model draft (K 0 for its class), the model is not run at all
     asked = len(model.asked)
-    skipped = hybrid.propose_sized([40, 41, 42], 6,
-                                   lambda evidence: 0 if evidence == HybridDrafter.MODEL_EVIDENCE else 6)
+    skipped = hybrid.propose_sized(
+        [40, 41, 42], 6, lambda evidence: 0 if evidence == HybridDrafter.MODEL_EVIDENCE else 6
+    )
     assert skipped.tokens == [] and len(model.asked) == asked
     assert hybrid.propose_sized([40, 41, 42], 6, lambda evidence: 2).tokens == [900, 901]
     # a belief floor goes to the model, which may cut its draft by it (this scripted one never does)

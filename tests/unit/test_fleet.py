@@ -90,7 +90,9 @@ def test_issue_node_certificate(tmp_path: Path) -> None:
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["pc-07", "pc-07.local"]
     assert san.get_values_for_type(x509.IPAddress) == [
-        ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("10.0.0.7"), ipaddress.ip_address("fd00::7"),
+        ipaddress.ip_address("127.0.0.1"),
+        ipaddress.ip_address("10.0.0.7"),
+        ipaddress.ip_address("fd00::7"),
     ]
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert set(eku) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}

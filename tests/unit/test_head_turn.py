@@ -27,8 +27,12 @@ def test_wanted_while_a_session_queues_but_not_for_spare_work() -> None:
         seen.append(("all done", turn.wanted or turn.locked()))
         return seen
 
-    assert asyncio.run(go()) == [("spare holds it", False), ("spare work queued", False),
-                                 ("a session queued", True), ("all done", False)]
+    assert asyncio.run(go()) == [
+        ("spare holds it", False),
+        ("spare work queued", False),
+        ("a session queued", True),
+        ("all done", False),
+    ]
 
 
 def test_a_cancelled_wait_is_not_counted() -> None:

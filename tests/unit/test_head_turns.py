@@ -68,7 +68,7 @@ class BlockingOracleDrafter:
         known = list(context)
         for _ in range(k):
             known.append((next_greedy(known) + (1 if len(known) % 4 == 0 else 0)) % 12)
-        return Draft(known[len(context):])
+        return Draft(known[len(context) :])
 
     def commit(self, context_len_kept: int) -> None:
         pass
@@ -84,13 +84,24 @@ def _two_sessions(shared_turn: bool) -> tuple[list[tuple[str, str]], list[list[i
     async def go() -> list[list[int]]:
         turn = asyncio.Lock() if shared_turn else None
         with ThreadPoolExecutor(1) as executor:
+
             async def user(name: str) -> list[int]:
                 target = HeadLocalTarget(name, executor, jobs)
-                return [t async for t in decode(target, prompt, max_tokens=40, stop_ids=frozenset(),
-                                                params=SamplingParams(), context_tokens=4096,
-                                                drafter=BlockingOracleDrafter(name, jobs),  # type: ignore[arg-type]
-                                                k_policy=AdaptiveK(k_max=4, k_initial=3), executor=executor,
-                                                turn=turn)]
+                return [
+                    t
+                    async for t in decode(
+                        target,
+                        prompt,
+                        max_tokens=40,
+                        stop_ids=frozenset(),
+                        params=SamplingParams(),
+                        context_tokens=4096,
+                        drafter=BlockingOracleDrafter(name, jobs),  # type: ignore[arg-type]
+                        k_policy=AdaptiveK(k_max=4, k_initial=3),
+                        executor=executor,
+                        turn=turn,
+                    )
+                ]
 
             return list(await asyncio.gather(user("a"), user("b")))
 

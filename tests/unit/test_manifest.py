@@ -18,13 +18,28 @@ def graph(tmp: Path, name: str, start: int, stop: int, embeddings: bool, head: b
     (folder / "openvino_model.xml").write_text(f"<net name='{name}'/>")
     (folder / "openvino_model.bin").write_bytes(bytes(range(start, stop + 10)))
     files = tuple(FileEntry.of(tmp, p) for p in sorted(folder.iterdir()))
-    return GraphEntry(name, f"{name}/openvino_model.xml", start, stop, embeddings, head,
-                      ("input_ids", "attention_mask", "position_ids", "beam_idx"), ("logits",), files, 10, 4, 100)
+    return GraphEntry(
+        name,
+        f"{name}/openvino_model.xml",
+        start,
+        stop,
+        embeddings,
+        head,
+        ("input_ids", "attention_mask", "position_ids", "beam_idx"),
+        ("logits",),
+        files,
+        10,
+        4,
+        100,
+    )
 
 
 def manifest(tmp: Path) -> Manifest:
     return Manifest(
-        source=SourceInfo("test", "gguf", "sha256:00"), arch=ARCH, weights="int4", context_tokens=512,
+        source=SourceInfo("test", "gguf", "sha256:00"),
+        arch=ARCH,
+        weights="int4",
+        context_tokens=512,
         stages=(graph(tmp, "stage-0", 0, 3, True, False), graph(tmp, "stage-1", 3, 4, False, True)),
         tokenizer_files=(),
     )

@@ -47,18 +47,38 @@ class NoisyOracleDrafter(AlwaysDrafter):
         known = list(context)
         for _ in range(k):
             known.append((next_greedy(known) + (1 if len(known) % 5 == 0 else 0)) % VOCAB)
-        return Draft(known[len(context):], evidence=None)
+        return Draft(known[len(context) :], evidence=None)
 
 
-def _run(target: ScriptedTarget, prompt: list[int], n: int, params: SamplingParams, drafter: object | None,
-         depth: int, stats: DecodeStats | None = None, continue_above: float = 0.0,
-         fixed_k: int | None = None) -> list[int]:
+def _run(
+    target: ScriptedTarget,
+    prompt: list[int],
+    n: int,
+    params: SamplingParams,
+    drafter: object | None,
+    depth: int,
+    stats: DecodeStats | None = None,
+    continue_above: float = 0.0,
+    fixed_k: int | None = None,
+) -> list[int]:
     async def go() -> list[int]:
         k_policy = AdaptiveK(k_max=6, k_initial=3, fixed=fixed_k)
-        return [t async for t in decode(target, prompt, max_tokens=n, stop_ids=frozenset(), params=params,
-                                        context_tokens=4096, drafter=drafter,  # type: ignore[arg-type]
-                                        k_policy=k_policy, depth=depth, stats=stats,
-                                        continue_above=continue_above)]
+        return [
+            t
+            async for t in decode(
+                target,
+                prompt,
+                max_tokens=n,
+                stop_ids=frozenset(),
+                params=params,
+                context_tokens=4096,
+                drafter=drafter,  # type: ignore[arg-type]
+                k_policy=k_policy,
+                depth=depth,
+                stats=stats,
+                continue_above=continue_above,
+            )
+        ]
 
     return asyncio.run(go())
 
@@ -111,9 +131,19 @@ def test_the_first_step_after_the_prompt_is_not_timed() -> None:
             super().record(*args, timed=timed, **kwargs)  # type: ignore[arg-type]
 
     async def go() -> list[int]:
-        return [t async for t in decode(ScriptedTarget(), [1, 2, 3, 1, 2], max_tokens=20, stop_ids=frozenset(),
-                                        params=SamplingParams(), context_tokens=4096, drafter=NGramDrafter(),
-                                        k_policy=SpyK())]
+        return [
+            t
+            async for t in decode(
+                ScriptedTarget(),
+                [1, 2, 3, 1, 2],
+                max_tokens=20,
+                stop_ids=frozenset(),
+                params=SamplingParams(),
+                context_tokens=4096,
+                drafter=NGramDrafter(),
+                k_policy=SpyK(),
+            )
+        ]
 
     asyncio.run(go())
     assert flags[0] is False and all(flags[1:]) and len(flags) > 3
@@ -140,8 +170,9 @@ class SampledBeliefDrafter(AlwaysDrafter):
         self._rng = np.random.default_rng(seed + 1)
         self._stop_on_drawn = stop_on_drawn
 
-    def propose(self, context: Sequence[int], k: int, min_belief: float = 0.0,
-                stop: Callable[[], bool] | None = None) -> Draft:
+    def propose(
+        self, context: Sequence[int], k: int, min_belief: float = 0.0, stop: Callable[[], bool] | None = None
+    ) -> Draft:
         tokens: list[int] = []
         dists: list[SparseDistribution] = []
         belief = 1.0
@@ -173,8 +204,9 @@ def test_belief_stopped_sampled_drafts_keep_the_target_distribution(broken: bool
     for seed in range(80):
         target = ScriptedTarget(sampled=True)
         drafter = SampledBeliefDrafter(seed, stop_on_drawn=broken)
-        out = _run(target, prompt, 60, SamplingParams(temperature=1.0, seed=seed), drafter, depth=1, stats=stats,
-                   fixed_k=4)
+        out = _run(
+            target, prompt, 60, SamplingParams(temperature=1.0, seed=seed), drafter, depth=1, stats=stats, fixed_k=4
+        )
         for i, token in enumerate(out):
             counts[(len(prompt) + i) % 2][token] += 1
     pvalues = [chisquare(observed, dist_at(parity) * observed.sum()).pvalue for parity, observed in counts.items()]

@@ -20,9 +20,19 @@ GREEDY = SamplingParams()
 
 def _answer(target: ResumableTarget, prompt: list[int], n: int) -> list[int]:
     async def go() -> list[int]:
-        return [t async for t in decode(target, prompt, max_tokens=n, stop_ids=frozenset(), params=GREEDY,
-                                        context_tokens=4096, drafter=NGramDrafter(),
-                                        k_policy=AdaptiveK(k_max=6, k_initial=3))]
+        return [
+            t
+            async for t in decode(
+                target,
+                prompt,
+                max_tokens=n,
+                stop_ids=frozenset(),
+                params=GREEDY,
+                context_tokens=4096,
+                drafter=NGramDrafter(),
+                k_policy=AdaptiveK(k_max=6, k_initial=3),
+            )
+        ]
 
     return asyncio.run(go())
 
@@ -51,12 +61,15 @@ def test_next_turn_computes_only_its_new_positions_and_answers_as_a_fresh_sessio
     assert target.held == inner.held
 
 
-@pytest.mark.parametrize(("prompt", "expected"), [
-    ([1, 2, 3, 4, 5, 6, 7, 8], 7),  # exactly what is held: the last position is computed again for its readout
-    ([1, 2, 3], 2),  # shorter than what is held
-    ([1, 2, 11, 11, 11, 11, 11, 11, 11, 11], 2),  # parts early
-    ([5, 5, 5], 0),  # shares nothing
-])
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ([1, 2, 3, 4, 5, 6, 7, 8], 7),  # exactly what is held: the last position is computed again for its readout
+        ([1, 2, 3], 2),  # shorter than what is held
+        ([1, 2, 11, 11, 11, 11, 11, 11, 11, 11], 2),  # parts early
+        ([5, 5, 5], 0),  # shares nothing
+    ],
+)
 def test_resumed_prompt_gives_the_tokens_of_a_fresh_session(prompt: list[int], expected: int) -> None:
     inner = ScriptedTarget()
     target = ResumableTarget(inner, GREEDY)
@@ -92,16 +105,36 @@ def test_a_replay_sends_the_answered_steps_as_they_were_and_the_answer_goes_on()
         lost = StepRecorder()
         target = ResumableTarget(lost, GREEDY)
         prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
-        sent = [t async for t in decode(target, prompt, max_tokens=25, stop_ids=frozenset(), params=GREEDY,
-                                        context_tokens=4096, drafter=NGramDrafter(),
-                                        k_policy=AdaptiveK(k_max=6, k_initial=3))]
+        sent = [
+            t
+            async for t in decode(
+                target,
+                prompt,
+                max_tokens=25,
+                stop_ids=frozenset(),
+                params=GREEDY,
+                context_tokens=4096,
+                drafter=NGramDrafter(),
+                k_policy=AdaptiveK(k_max=6, k_initial=3),
+            )
+        ]
         assert any(rewind for _, rewind, _ in lost.steps)  # rejected drafts were rewound: the log must keep that
         fresh = StepRecorder()
         replayed = await target.replay_into(fresh)
         assert fresh.steps == lost.steps and fresh.held == lost.held and replayed.held == target.held
         replayed.resume()  # the answer goes on from its history: only its last token is fed again
-        more = [t async for t in decode(replayed, prompt + sent, max_tokens=15, stop_ids=frozenset(), params=GREEDY,
-                                        context_tokens=4096, drafter=NGramDrafter())]
+        more = [
+            t
+            async for t in decode(
+                replayed,
+                prompt + sent,
+                max_tokens=15,
+                stop_ids=frozenset(),
+                params=GREEDY,
+                context_tokens=4096,
+                drafter=NGramDrafter(),
+            )
+        ]
         assert sent + more == plain_greedy(prompt, 40)
         assert fresh.steps[len(lost.steps)][0] == [sent[-1]]
 

@@ -19,14 +19,30 @@ def _run(config: str, latency: float, tok_s: float, users: int = 1) -> dict[str,
     speculative = "sd" in config
     tokens = [[5, 6, 7, 8] * 8 for _ in range(users)]
     return {
-        "config": config, "latency_ms": latency, "tokens": tokens, "tok_s": tok_s,
-        "per_user_tok_s": [tok_s / users] * users, "ttft_s": [0.2] * users,
-        "window_s": 31 / (tok_s / users), "window_tokens": 31 * users, "steps": 10 if speculative else 31,
-        "drafted": 30 if speculative else 0, "accepted": 21 if speculative else 0,
-        "k_chosen": [3, 3, 4] if speculative else [], "drafter": "ngram" if speculative else None,
-        "head_stage_s": 0.5, "head_infer_s": 0.48, "head_ov_latency_s": 0.47, "draft_s": 0.1 if speculative else 0.0,
-        "loop_cpu_s": 0.02, "loop_kernel_s": 0.005, "agent_compute_s": [0.5], "agent_steps": [31],
-        "agent_cpu_s": [0.52], "cpu_share": 0.99 if config == "mono" else None, "others_busy": 0.01,
+        "config": config,
+        "latency_ms": latency,
+        "tokens": tokens,
+        "tok_s": tok_s,
+        "per_user_tok_s": [tok_s / users] * users,
+        "ttft_s": [0.2] * users,
+        "window_s": 31 / (tok_s / users),
+        "window_tokens": 31 * users,
+        "steps": 10 if speculative else 31,
+        "drafted": 30 if speculative else 0,
+        "accepted": 21 if speculative else 0,
+        "k_chosen": [3, 3, 4] if speculative else [],
+        "drafter": "ngram" if speculative else None,
+        "head_stage_s": 0.5,
+        "head_infer_s": 0.48,
+        "head_ov_latency_s": 0.47,
+        "draft_s": 0.1 if speculative else 0.0,
+        "loop_cpu_s": 0.02,
+        "loop_kernel_s": 0.005,
+        "agent_compute_s": [0.5],
+        "agent_steps": [31],
+        "agent_cpu_s": [0.52],
+        "cpu_share": 0.99 if config == "mono" else None,
+        "others_busy": 0.01,
         "foreign_busy": 0.0,
     }
 
@@ -34,22 +50,36 @@ def _run(config: str, latency: float, tok_s: float, users: int = 1) -> dict[str,
 def _raw(speeds: dict[float, dict[str, float]]) -> dict[str, Any]:
     latencies: dict[str, Any] = {}
     for latency, by_config in speeds.items():
-        runs = {name: [_run(name, latency, tok_s * f, 2 if "mb" in name else 1) for f in (0.95, 1.0, 1.05)]
-                for name, tok_s in by_config.items()}
+        runs = {
+            name: [_run(name, latency, tok_s * f, 2 if "mb" in name else 1) for f in (0.95, 1.0, 1.05)]
+            for name, tok_s in by_config.items()
+        }
         latencies[str(latency)] = {"tokens": 32, "runs": runs}
-    setup = {"model": "smollm2", "stages": 2, "layers": [18, 12], "latencies": latencies, "prompt_tokens": 40,
-             "drafters": {str(lat): "ngram" for lat in speeds}, "pilots": {str(lat): {} for lat in speeds}}
+    setup = {
+        "model": "smollm2",
+        "stages": 2,
+        "layers": [18, 12],
+        "latencies": latencies,
+        "prompt_tokens": 40,
+        "drafters": {str(lat): "ngram" for lat in speeds},
+        "pilots": {str(lat): {} for lat in speeds},
+    }
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    settings = _settings_json(RingSettings.from_args(parser.parse_args(["--model", "smollm2", "--stages", "2",
-                                                                        "--runs", "3", "--tokens", "32"])))
+    settings = _settings_json(
+        RingSettings.from_args(
+            parser.parse_args(["--model", "smollm2", "--stages", "2", "--runs", "3", "--tokens", "32"])
+        )
+    )
     return {"settings": settings, "machine": {"cores": 2}, "setups": [setup]}
 
 
-RAW = _raw({
-    0.0: {"mono": 10.0, "pp": 10.0, "pp+sd": 15.0, "pp+mb": 18.0, "pp+sd+mb": 25.0},
-    100.0: {"pp": 3.0, "pp+sd": 8.0, "pp+mb": 6.0, "pp+sd+mb": 16.0},
-})
+RAW = _raw(
+    {
+        0.0: {"mono": 10.0, "pp": 10.0, "pp+sd": 15.0, "pp+mb": 18.0, "pp+sd+mb": 25.0},
+        100.0: {"pp": 3.0, "pp+sd": 8.0, "pp+mb": 6.0, "pp+sd+mb": 16.0},
+    }
+)
 
 
 def test_the_report_has_the_shards_benchmarks_shape_and_every_configuration() -> None:
@@ -103,7 +133,11 @@ def test_wire_bytes_per_decode_step_are_reported_and_rendered() -> None:
 def test_a_ratio_just_under_its_goal_is_not_shown_as_equal() -> None:
     from agent.bench.ring_bench import _goal_text
 
-    assert _goal_text("pp+mb/pp@0ms", {"target": 1.85, "ratio": 1.8474, "pass": False}) == \
-        "pp+mb/pp@0ms: 1.847× (≥ 1.85×) FAIL"
-    assert _goal_text("pp+sd/pp@0ms", {"target": 1.4, "ratio": 1.5612, "pass": True}) == \
-        "pp+sd/pp@0ms: 1.56× (≥ 1.40×) pass"
+    assert (
+        _goal_text("pp+mb/pp@0ms", {"target": 1.85, "ratio": 1.8474, "pass": False})
+        == "pp+mb/pp@0ms: 1.847× (≥ 1.85×) FAIL"
+    )
+    assert (
+        _goal_text("pp+sd/pp@0ms", {"target": 1.4, "ratio": 1.5612, "pass": True})
+        == "pp+sd/pp@0ms: 1.56× (≥ 1.40×) pass"
+    )

@@ -14,10 +14,18 @@ pytestmark = pytest.mark.ring
 def _run(**overrides: Any) -> dict[str, Any]:
     """One 1-user run of 100 tokens in 1.0 s: 0.4 s stage 0 (0.38 in `infer`), 0.45 s on the agent."""
     run: dict[str, Any] = {
-        "window_s": 1.0, "window_tokens": 100, "tokens": [[0] * 101], "steps": 100,
-        "head_stage_s": 0.4, "head_infer_s": 0.38, "head_ov_latency_s": 0.37, "draft_s": 0.0,
-        "agent_compute_s": [0.45], "agent_cpu_s": [0.48],
-        "loop_cpu_s": 0.05, "loop_kernel_s": 0.01,
+        "window_s": 1.0,
+        "window_tokens": 100,
+        "tokens": [[0] * 101],
+        "steps": 100,
+        "head_stage_s": 0.4,
+        "head_infer_s": 0.38,
+        "head_ov_latency_s": 0.37,
+        "draft_s": 0.0,
+        "agent_compute_s": [0.45],
+        "agent_cpu_s": [0.48],
+        "loop_cpu_s": 0.05,
+        "loop_kernel_s": 0.01,
     }
     run.update(overrides)
     return run

@@ -85,6 +85,7 @@ def test_rewinds_compact_where_that_makes_speculation_exact() -> None:
 
 def test_compacted_sessions_keep_a_kv_cache_that_survives_the_copy() -> None:
     """u8 KV would be quantized anew by every compaction: bf16 where the CPU computes in it, else f32."""
+
     def kv(weights: str, config: RuntimeConfig, **kwargs: object) -> str | None:
         return compile_properties("CPU", weights, config, **kwargs).get("KV_CACHE_PRECISION")  # type: ignore[arg-type]
 

@@ -186,9 +186,10 @@ def test_peer_name_without_handshake() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads back Linux-only options")
 def test_tune_socket_sets_liveness_options() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as listener, socket.create_connection(
-        listener.getsockname(), timeout=TIMEOUT
-    ) as client:
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname(), timeout=TIMEOUT) as client,
+    ):
         tune_socket(client, user_timeout_ms=2500, keepalive_idle=2, keepalive_interval=1, keepalive_count=4)
         assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
         assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1

@@ -26,8 +26,9 @@ def test_header_is_48_bytes() -> None:
 
 def test_tensor_round_trip_in_pieces() -> None:
     hidden = np.random.default_rng(0).standard_normal((1, 3, 8)).astype(np.float32)
-    frame = Frame.tensor(FrameType.STEP, hidden, session=7, step=2, position=40, count=3, rewind=1,
-                         flags=StepFlags.LAST_ONLY)
+    frame = Frame.tensor(
+        FrameType.STEP, hidden, session=7, step=2, position=40, count=3, rewind=1, flags=StepFlags.LAST_ONLY
+    )
     data = _bytes(frame) + _bytes(Frame(FrameType.PARK, session=7)) + _bytes(Frame(FrameType.CLOSE, session=7))
     decoder = FrameDecoder()
     frames = []
@@ -46,8 +47,9 @@ def test_tensor_round_trip_in_pieces() -> None:
 
 def test_cap_is_checked_from_the_header_alone() -> None:
     decoder = FrameDecoder(max_payload=1024)
-    big = HEADER.pack(MAGIC, PROTOCOL_VERSION, FrameType.STEP, 1, 0, 0, 1, 0, 0, DType.FLOAT32, 1, 1 << 20, 0, 0, 0,
-                      4 << 20)
+    big = HEADER.pack(
+        MAGIC, PROTOCOL_VERSION, FrameType.STEP, 1, 0, 0, 1, 0, 0, DType.FLOAT32, 1, 1 << 20, 0, 0, 0, 4 << 20
+    )
     decoder.receive_data(big)  # no payload follows: the header must be enough to refuse
     with pytest.raises(RemoteProtocolError, match="exceeds the 1024-byte cap"):
         decoder.next_frame()
@@ -56,20 +58,42 @@ def test_cap_is_checked_from_the_header_alone() -> None:
         decoder.receive_data(b"more")
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"version": 9}, "version 9"),
-    ({"version": 1}, "version 1"),  # before PARK: an agent that could not follow a parked session
-    ({"type_": 99}, "unknown frame type"),
-    ({"dtype": 42}, "unknown payload dtype"),
-    ({"ndim": 5}, "bad payload shape"),
-    ({"dtype": int(DType.FLOAT32), "ndim": 1, "dims": (3, 0, 0, 0), "size": 8}, "does not match shape"),
-    ({"size": 4}, "without dtype"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"version": 9}, "version 9"),
+        ({"version": 1}, "version 1"),  # before PARK: an agent that could not follow a parked session
+        ({"type_": 99}, "unknown frame type"),
+        ({"dtype": 42}, "unknown payload dtype"),
+        ({"ndim": 5}, "bad payload shape"),
+        ({"dtype": int(DType.FLOAT32), "ndim": 1, "dims": (3, 0, 0, 0), "size": 8}, "does not match shape"),
+        ({"size": 4}, "without dtype"),
+    ],
+)
 def test_bad_headers_are_refused(fields: dict[str, object], message: str) -> None:
-    values = {"version": PROTOCOL_VERSION, "type_": int(FrameType.STEP), "dtype": 0, "ndim": 0,
-              "dims": (0, 0, 0, 0), "size": 0} | fields
-    raw = HEADER.pack(MAGIC, values["version"], values["type_"], 1, 0, 0, 0, 0, 0, values["dtype"], values["ndim"],
-                      *values["dims"], values["size"])  # type: ignore[misc]
+    values = {
+        "version": PROTOCOL_VERSION,
+        "type_": int(FrameType.STEP),
+        "dtype": 0,
+        "ndim": 0,
+        "dims": (0, 0, 0, 0),
+        "size": 0,
+    } | fields
+    raw = HEADER.pack(
+        MAGIC,
+        values["version"],
+        values["type_"],
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+        values["dtype"],
+        values["ndim"],
+        *values["dims"],
+        values["size"],
+    )  # type: ignore[misc]
     decoder = FrameDecoder()
     decoder.receive_data(raw)
     with pytest.raises(RemoteProtocolError, match=message):
@@ -98,11 +122,16 @@ def test_garbage_raises_only_remote_protocol_errors(data: bytes) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**16 - 1),
-       st.lists(st.integers(-(2**31), 2**31 - 1), max_size=50))
+@given(
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**16 - 1),
+    st.lists(st.integers(-(2**31), 2**31 - 1), max_size=50),
+)
 def test_any_valid_frame_round_trips(session: int, step: int, rewind: int, ids: list[int]) -> None:
-    frame = Frame.tensor(FrameType.RESULT, np.asarray(ids, dtype=np.int32), session=session, step=step,
-                         rewind=rewind, count=len(ids))
+    frame = Frame.tensor(
+        FrameType.RESULT, np.asarray(ids, dtype=np.int32), session=session, step=step, rewind=rewind, count=len(ids)
+    )
     decoder = FrameDecoder()
     decoder.receive_data(_bytes(frame))
     got = decoder.next_frame()

@@ -27,20 +27,30 @@ class CompiledWith:
         return self.precision
 
 
-@pytest.mark.parametrize(("precision", "expected"), [
-    (ov.Type.f32, "f32"), (ov.Type.bf16, "bf16"), (ov.Type.f16, "f16"), (None, None),
-])
-def test_the_compiled_precision_is_read_from_the_compiled_model(precision: ov.Type | None,
-                                                                 expected: str | None) -> None:
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [
+        (ov.Type.f32, "f32"),
+        (ov.Type.bf16, "bf16"),
+        (ov.Type.f16, "f16"),
+        (None, None),
+    ],
+)
+def test_the_compiled_precision_is_read_from_the_compiled_model(
+    precision: ov.Type | None, expected: str | None
+) -> None:
     assert _compiled_precision(CompiledWith(precision)) == expected  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("choice", "computes_in", "dtype"), [
-    ("auto", "f16", np.float16),  # f16 values: sending them in f16 loses nothing
-    ("auto", "f32", np.float32),
-    ("f32", "f16", np.float32),
-    ("f16", "f32", np.float16),  # asked for: half the bytes, rounded
-])
+@pytest.mark.parametrize(
+    ("choice", "computes_in", "dtype"),
+    [
+        ("auto", "f16", np.float16),  # f16 values: sending them in f16 loses nothing
+        ("auto", "f32", np.float32),
+        ("f32", "f16", np.float32),
+        ("f16", "f32", np.float16),  # asked for: half the bytes, rounded
+    ],
+)
 def test_auto_sends_what_the_stage_computes_in(choice: str, computes_in: str, dtype: type) -> None:
     assert wire_numpy_dtype(choice, SimpleNamespace(wire_dtype=computes_in)) is dtype  # type: ignore[arg-type]
 
