@@ -1,24 +1,87 @@
-"""Errors of the running system: fleet identity, the wire protocol, the ring.
+"""shoal's one error tree. Every error shoal raises on purpose derives from :class:`ShoalError`.
 
 ::
 
-    ShoalError (shards.errors)
+    ShoalError
+    ├── ConfigError            a setting (flag, config file) is invalid or missing
+    ├── SourceError            the model to export cannot be found or read
+    │   ├── UnsupportedModelError   an architecture shoal does not export
+    │   └── CorruptCheckpointError  a truncated or malformed checkpoint file
+    ├── ExportError            the export itself failed (bad options, conversion failure)
+    ├── MissingExtraError      this install lacks an optional part (``pip install 'shoal[export]'``)
+    ├── ManifestError          a manifest is missing, malformed or of an unknown version
+    │   └── IntegrityError          a file does not match the manifest's size or sha256
+    ├── RuntimeStageError      a stage cannot be compiled or run (device, shapes)
+    ├── PromptTooLongError     the prompt and the requested answer do not fit the model's context
     ├── FleetError             certificates / CA files missing, unreadable or not of this fleet
     ├── ProtocolError          a frame could not be encoded or decoded
     │   ├── RemoteProtocolError     a peer sent something invalid: drop that peer only
     │   └── LocalProtocolError      we tried to send something invalid: our bug
-    └── RingError              the ring cannot serve a request
-        ├── PeerUnavailableError    a stage cannot be reached, or its connection died
-        │   └── PeerRefusedError        the TLS handshake failed: not of this fleet, or it refused us
-        ├── FleetBusyError          a stage has no room for another session
-        └── SessionFailedError      a stage reported an error for this session
+    ├── RingError              the ring cannot serve a request
+    │   ├── PeerUnavailableError    a stage cannot be reached, or its connection died
+    │   │   └── PeerRefusedError        the TLS handshake failed: not of this fleet, or it refused us
+    │   ├── FleetBusyError          a stage has no room for another session
+    │   └── SessionFailedError      a stage reported an error for this session
+    │       └── SessionEvictedError     a parked session gave its place to a new one
+    ├── ChatProtocolError      a chat request or event line is malformed (``code`` for the client)
+    │   └── HTTPError               the same, for the OpenAI-style HTTP API (mapped to a status)
+    ├── ChatEndpointError      no agent on this PC serves chats (the endpoint file is missing)
+    ├── ChatAnswerError        the agent answered a chat with an error event
+    └── bench.BenchError       a benchmark step failed (the harness beside tests/, not the product)
 
-ssl, socket and OpenVINO exceptions are mapped to these where they arrive (``raise ... from exc``).
+Foreign exceptions (ssl, socket, OpenVINO, gguf, transformers) are mapped to these where they arrive,
+with ``raise ... from exc``, so that the command line prints one line and exits non-zero.
 """
 
 from __future__ import annotations
 
-from shards.errors import ShoalError
+
+class ShoalError(Exception):
+    """Root of every error shoal raises on purpose."""
+
+
+class ConfigError(ShoalError, ValueError):
+    """A configuration setting is invalid or missing."""
+
+
+class SourceError(ShoalError):
+    """The model source cannot be found or read."""
+
+
+class UnsupportedModelError(SourceError, ValueError):
+    """The checkpoint's architecture is not one shoal can export."""
+
+
+class CorruptCheckpointError(SourceError):
+    """A checkpoint file is truncated or malformed."""
+
+
+class ExportError(ShoalError):
+    """The export could not be completed."""
+
+
+class MissingExtraError(ShoalError, ImportError):
+    """A command needs packages of an optional extra that this install lacks."""
+
+    def __init__(self, what: str, extra: str, missing: str) -> None:
+        super().__init__(f"{what} needs the '{extra}' extra ({missing} is not installed): pip install 'shoal[{extra}]'")
+        self.extra = extra
+
+
+class ManifestError(ShoalError):
+    """A manifest is missing, malformed or of an unsupported version."""
+
+
+class IntegrityError(ManifestError):
+    """A file on disk does not match what the manifest records."""
+
+
+class RuntimeStageError(ShoalError):
+    """A stage cannot be compiled or run."""
+
+
+class PromptTooLongError(ShoalError, ValueError):
+    """The prompt (plus the requested completion) does not fit the model's context."""
 
 
 class FleetError(ShoalError):
@@ -59,3 +122,26 @@ class SessionFailedError(RingError):
 
 class SessionEvictedError(SessionFailedError):
     """The session was parked between turns and a stage gave its place to a new session."""
+
+
+class ChatProtocolError(ShoalError, ValueError):
+    """A request or event line is malformed; ``code`` names the kind for the client."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class HTTPError(ChatProtocolError):
+    """A request to the OpenAI-style API is refused; ``code`` picks the HTTP status."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message, code)
+
+
+class ChatEndpointError(ShoalError):
+    """The endpoint file is missing or unreadable: no agent on this PC serves chats."""
+
+
+class ChatAnswerError(ShoalError):
+    """The agent answered a chat with an error event."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shards.errors import UnsupportedModelError
+from agent.errors import UnsupportedModelError
 
 # model_type -> family. Mistral and the Llama family share one layer; Qwen2 adds q/k/v biases.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}

@@ -16,8 +16,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from agent.errors import IntegrityError, ManifestError
 from shards.architecture import ArchSpec
-from shards.errors import IntegrityError, ManifestError
 
 FORMAT_VERSION = 2
 # 2: graphs holding the LM head take ``logits_index`` (the positions that get logits). Format 1 exports

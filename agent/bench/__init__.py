@@ -1,6 +1,6 @@
 """Benchmarks whose results go into docs/benchmarks.md (``shoal bench ...``)."""
 
-from shards.errors import ShoalError
+from agent.errors import ShoalError
 
 
 class BenchError(ShoalError):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.bench import BenchError
-from shards.errors import ExportError, ShoalError
+from agent.errors import ExportError, ShoalError
 
 log = logging.getLogger(__name__)
 

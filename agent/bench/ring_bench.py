@@ -768,8 +768,9 @@ class Ring:
         from agent.fleet import issue_node
         from agent.head.drafting import make_drafter
         from agent.head.ring_client import RingClient
-        from agent.head.sampling import SamplingParams
-        from agent.runtime.stage import CompiledStage, RuntimeConfig
+        from agent.runtime.config import RuntimeConfig
+        from agent.runtime.stage import CompiledStage
+        from agent.sampling.params import SamplingParams
         from agent.transport.tls import client_context
         from shards.manifest import Manifest
 
@@ -900,7 +901,7 @@ class Ring:
         from agent.bench.worker import TimedRequest
         from agent.head.adaptive_k import AdaptiveK
         from agent.head.decode import DecodeStats, decode
-        from agent.head.sampling import SamplingParams
+        from agent.sampling.params import SamplingParams
 
         users = USERS[config]
         params = SamplingParams()

@@ -104,7 +104,8 @@ def time_stages(export: Path, threads: int, prompt_tokens: int, tokens: int, cac
     """Decode ``tokens`` steps through all stages of ``export``, timing each stage's ``step``."""
     import numpy as np
 
-    from agent.runtime.stage import CompiledStage, RuntimeConfig
+    from agent.runtime.config import RuntimeConfig
+    from agent.runtime.stage import CompiledStage
     from shards.export.split import StageCostModel
     from shards.manifest import Manifest
 
@@ -226,7 +227,8 @@ def _time_stage_in_child(
 ) -> None:
     import numpy as np
 
-    from agent.runtime.stage import CompiledStage, RuntimeConfig
+    from agent.runtime.config import RuntimeConfig
+    from agent.runtime.stage import CompiledStage
     from shards.manifest import Manifest
 
     os.sched_setaffinity(0, {core})

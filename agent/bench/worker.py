@@ -127,7 +127,8 @@ class ShoalRunner:
     """LocalPipeline (every stage in this process, one thread) driven by the head's generate loop."""
 
     def __init__(self, spec: RunSpec) -> None:
-        from agent.runtime import LocalPipeline, RuntimeConfig
+        from agent.runtime.config import RuntimeConfig
+        from agent.runtime.pipeline import LocalPipeline
         from shards.manifest import Manifest
 
         self.spec = spec
@@ -142,7 +143,7 @@ class ShoalRunner:
 
     def generate(self, count: int) -> Generation:
         from agent.head.generate import generate
-        from agent.head.sampling import SamplingParams
+        from agent.sampling.params import SamplingParams
 
         session = self.pipeline.new_session()
         timers = []

@@ -13,11 +13,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from shards.errors import ShoalError
-
-
-class ChatEndpointError(ShoalError):
-    """The endpoint file is missing or unreadable: no agent on this PC serves chats."""
+from agent.errors import ChatEndpointError
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from agent.errors import RingError
 from agent.head.resumable import ResumableTarget
-from agent.head.sampling import SamplingParams
+from agent.sampling.params import SamplingParams
 from agent.transport.tasks import OwnedTasks
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import h11
 
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
+from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 from agent.chat.watch import ClientWatch
+from agent.errors import ChatProtocolError, HTTPError
 from agent.transport.tasks import OwnedTasks
 
 if TYPE_CHECKING:
@@ -41,12 +42,6 @@ STATUS_OF = {
     "fleet_busy": 429,
     "ring_unavailable": 503,
 }
-
-
-class HTTPError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class OpenAIEndpoint:

@@ -14,21 +14,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from agent.head.sampling import SamplingParams
-from shards.errors import ShoalError
+from agent.errors import ChatProtocolError, ShoalError
+from agent.sampling.params import SamplingParams
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20
 """A request longer than this is refused (it would be a prompt far beyond any context anyway)."""
 ROLES = ("system", "user", "assistant")
-
-
-class ChatProtocolError(ShoalError, ValueError):
-    """A request or event line is malformed; ``code`` names the kind for the client."""
-
-    def __init__(self, message: str, code: str = "bad_request") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,18 @@ from typing import TYPE_CHECKING, Any
 
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.kept import KeptConversation, KeptConversations
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
+from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 from agent.chat.watch import ClientWatch
-from agent.errors import FleetBusyError, PeerUnavailableError, RingError, SessionEvictedError
+from agent.errors import (
+    ChatProtocolError,
+    FleetBusyError,
+    PeerUnavailableError,
+    PromptTooLongError,
+    RingError,
+    SessionEvictedError,
+)
 from agent.head.adaptive_k import AdaptiveK
-from agent.head.chat import ChatTokenizer, PromptTooLongError, TextStream
+from agent.head.chat import ChatTokenizer, TextStream
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import DrafterFactory
 from agent.head.generate import check_prompt

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 from agent.cli.common import identity_dir
+from agent.errors import ShoalError
 from agent.fleet import NodeIdentity
 from agent.node.config import AgentConfig, load_agent_config
 from agent.node.server import StageServer
 from agent.runtime.stage import CompiledStage
 from agent.transport.tls import client_context, server_context
-from shards.errors import ShoalError
 from shards.manifest import Manifest
 
 log = logging.getLogger(__name__)

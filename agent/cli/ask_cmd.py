@@ -12,11 +12,7 @@ from typing import TextIO
 from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatEvent, ChatRequest
-from shards.errors import ShoalError
-
-
-class ChatAnswerError(ShoalError):
-    """The agent answered a chat with an error event."""
+from agent.errors import ChatAnswerError
 
 
 def run_ask(args: argparse.Namespace, data_dir: Path) -> int:

@@ -15,10 +15,11 @@ from agent.head.adaptive_k import AdaptiveK
 from agent.head.chat import ChatTokenizer, TextStream
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import make_drafter
-from agent.head.sampling import SamplingParams
 from agent.head.targets import LocalTarget, Target
-from agent.runtime import LocalPipeline, RuntimeConfig
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.pipeline import LocalPipeline
 from agent.runtime.stage import CompiledStage
+from agent.sampling.params import SamplingParams
 from shards.manifest import Manifest
 
 

@@ -1,7 +1,7 @@
 """``shoal``: one entry point, one subcommand per job.
 
 Results go to stdout (the completion text, JSON); progress bars, logs and errors to stderr. Any
-:class:`~shards.errors.ShoalError` ends in one line ``shoal: error: ...`` and exit status 1.
+:class:`~agent.errors.ShoalError` ends in one line ``shoal: error: ...`` and exit status 1.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from agent.cli.common import REWIND_CHOICES, REWIND_HELP, layer_counts
+from agent.errors import ShoalError
 from agent.head.drafters import DRAFTERS
-from shards.errors import ShoalError
 
 log = logging.getLogger("shoal")
 

@@ -6,12 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shards.errors import ShoalError
-
-
-class PromptTooLongError(ShoalError, ValueError):
-    """The prompt (plus the requested completion) does not fit the model's context."""
-
 
 class ChatTokenizer:
     """The export's tokenizer, with the chat template and the ids that end a reply."""

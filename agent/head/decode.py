@@ -39,11 +39,11 @@ import numpy as np
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.drafters import Draft, Drafter, HybridDrafter
 from agent.head.generate import check_prompt
-from agent.head.sampling import SamplingParams
 from agent.head.speculative import Verdict, verify_greedy, verify_sampled
 from agent.head.targets import Target
 from agent.head.turn import HeadTurn
-from agent.runtime.readout import StepOutput
+from agent.sampling.params import SamplingParams
+from agent.sampling.readout import StepOutput
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.head.distribution import SparseDistribution
+from agent.sampling.distribution import SparseDistribution
 
 DRAFTERS = ("auto", "none", "ngram", "draft", "ngram+draft")
 """Drafter names a head accepts (``agent.head.drafting.make_drafter`` builds them)."""

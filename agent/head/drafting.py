@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.errors import ShoalError
 from agent.head.cross_drafter import CrossTokenizerDrafter, TextBridge
 from agent.head.drafters import DRAFTERS, Drafter, HybridDrafter, NGramDrafter
 from agent.head.model_drafter import ModelDrafter
-from agent.head.sampling import SamplingParams
-from agent.runtime.stage import CompiledStage, RuntimeConfig
-from shards.errors import ShoalError
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.stage import CompiledStage
+from agent.sampling.params import SamplingParams
 from shards.manifest import Manifest
 
 

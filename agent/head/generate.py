@@ -7,8 +7,8 @@ from typing import Protocol
 
 import numpy as np
 
-from agent.head.chat import PromptTooLongError
-from agent.head.sampling import Sampler, SamplingParams
+from agent.errors import PromptTooLongError
+from agent.sampling.params import Sampler, SamplingParams
 
 
 class LogitsSession(Protocol):

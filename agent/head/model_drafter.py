@@ -6,10 +6,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from agent.head.distribution import SparseDistribution
 from agent.head.drafters import Draft
-from agent.head.sampling import SamplingParams, sampling_distribution
 from agent.runtime.stage import CompiledStage
+from agent.sampling.distribution import SparseDistribution
+from agent.sampling.params import SamplingParams, sampling_distribution
 
 
 class ModelDrafter:

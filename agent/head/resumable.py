@@ -24,9 +24,9 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.head.sampling import SamplingParams
 from agent.head.targets import Target
-from agent.runtime.readout import StepOutput
+from agent.sampling.params import SamplingParams
+from agent.sampling.readout import StepOutput
 
 
 @dataclass

@@ -25,16 +25,17 @@ from agent.errors import (
     SessionEvictedError,
     SessionFailedError,
 )
-from agent.head.sampling import SamplingParams
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
-from agent.runtime.readout import StepOutput
 from agent.runtime.session import StageSession
 from agent.runtime.stage import CompiledStage, wire_numpy_dtype
+from agent.sampling.params import SamplingParams
+from agent.sampling.readout import StepOutput
 from agent.transport.connection import FrameConnection, dial, expect
 from agent.wire import Frame, FrameType, StepFlags
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 from agent.wire.messages import ErrorReport, Hello, SessionOpen, parse
+from agent.wire.result import parse_result
 from shards.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ class RingSession:
         if frame.step == 0:
             self.prompt_bytes_received = len(frame.payload)
         try:
-            future.set_result(StepOutput.from_frame(frame, self.client.manifest.arch.vocab_size, count))
+            future.set_result(parse_result(frame, self.client.manifest.arch.vocab_size, count))
         except ProtocolError as exc:
             future.set_exception(exc)
             self._fail(SessionFailedError(f"bad result for step {frame.step}: {exc}"))

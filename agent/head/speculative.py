@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.head.distribution import SparseDistribution, draw
+from agent.sampling.distribution import SparseDistribution, draw
 
 # Residual mass at or below this is rounding noise (p == q up to float32): draw from p instead.
 _MIN_RESIDUAL = 1e-9

@@ -12,9 +12,9 @@ from typing import Protocol
 
 import numpy as np
 
-from agent.head.sampling import SamplingParams
 from agent.runtime.pipeline import PipelineSession
-from agent.runtime.readout import StepOutput, read_out
+from agent.sampling.params import SamplingParams
+from agent.sampling.readout import StepOutput, read_out
 
 
 def ignore_unawaited_failure(future: asyncio.Future[StepOutput]) -> None:

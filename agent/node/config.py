@@ -8,17 +8,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
-from agent.runtime.stage import RuntimeConfig
+from agent.runtime.config import RuntimeConfig
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
-from shards.errors import ShoalError
 
 WIRE_DTYPES = ("auto", "f32", "f16")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-class ConfigError(ShoalError, ValueError):
-    """The agent's configuration is invalid."""
 
 
 def parse_address(text: str) -> tuple[str, int]:

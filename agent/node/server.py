@@ -25,18 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolError
+from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolError, ShoalError
 from agent.node.config import AgentConfig
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.successor import SuccessorLink
-from agent.runtime.readout import read_out
 from agent.runtime.stage import CompiledStage, wire_numpy_dtype
+from agent.sampling.readout import read_out
 from agent.transport.connection import FrameConnection, expect
 from agent.transport.sockets import tune_socket
 from agent.transport.tasks import OwnedTasks
 from agent.wire import Frame, FrameType, StepFlags
 from agent.wire.messages import ErrorReport, Hello, SessionOpen, parse
-from shards.errors import ShoalError
+from agent.wire.result import result_frame
 from shards.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -345,7 +345,7 @@ class StageServer:
             "rewind": frame.rewind,
         }
         if self.is_last:
-            return read_out(x, state.open.sampling, last_only=last_only).to_frame(frame.session, frame.step)
+            return result_frame(read_out(x, state.open.sampling, last_only=last_only), frame.session, frame.step)
         wire = np.array(x, dtype=self._wire_dtype)  # a copy: x is reused
         return Frame.tensor(FrameType.STEP, wire, flags=frame.flags, **fields)
 

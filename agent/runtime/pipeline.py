@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.runtime.config import RuntimeConfig
 from agent.runtime.session import StageSession
-from agent.runtime.stage import CompiledStage, RuntimeConfig
+from agent.runtime.stage import CompiledStage
 from shards.manifest import Manifest
 
 

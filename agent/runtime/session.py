@@ -15,7 +15,7 @@ import time
 import numpy as np
 import openvino as ov
 
-from shards.errors import RuntimeStageError
+from agent.errors import RuntimeStageError
 from shards.manifest import LOGITS_INDEX
 
 # A step this long is a prompt (or a new chat turn), never a speculative step (K <= 16 drafts + 1).

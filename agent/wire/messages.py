@@ -7,10 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agent.errors import RemoteProtocolError
-from agent.head.sampling import SamplingParams
+from agent.errors import RemoteProtocolError, ShoalError
+from agent.sampling.params import SamplingParams
 from agent.wire.frames import Frame, FrameType
-from shards.errors import ShoalError
 
 M = TypeVar("M", bound="Message")
 

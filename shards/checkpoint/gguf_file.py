@@ -17,10 +17,10 @@ import gguf
 import numpy as np
 import torch
 
+from agent.errors import CorruptCheckpointError, UnsupportedModelError
 from shards.architecture import SUPPORTED_MODEL_TYPES, SUPPORTED_NAMES
 from shards.checkpoint.base import sha256_files
 from shards.checkpoint.gguf_reader import PlainViewGGUFReader
-from shards.errors import CorruptCheckpointError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from shards.errors import SourceError
+from agent.errors import SourceError
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QWEN_FILE = "qwen2.5-coder-1.5b-instruct.gguf"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from agent.errors import SourceError
 from shards.checkpoint.base import Checkpoint
 from shards.checkpoint.gguf_file import GgufCheckpoint
 from shards.checkpoint.known_models import KNOWN_MODELS, qwen_coder_gguf, smollm2_gguf
 from shards.checkpoint.safetensors_dir import SafetensorsCheckpoint
-from shards.errors import SourceError
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from agent.errors import CorruptCheckpointError, SourceError, UnsupportedModelError
 from shards.checkpoint.base import sha256_files
-from shards.errors import CorruptCheckpointError, SourceError, UnsupportedModelError
 
 
 class SafetensorsCheckpoint:

@@ -20,9 +20,9 @@ import openvino as ov
 import torch
 from tqdm.auto import tqdm
 
+from agent.errors import ExportError, ManifestError
 from shards.architecture import ArchSpec, arch_spec_from_config
 from shards.checkpoint import Checkpoint, open_checkpoint
-from shards.errors import ExportError, ManifestError
 from shards.export.convert import WEIGHT_FORMATS, compress_weights, make_stage_stateful, stage_io, trace_stage
 from shards.export.split import layer_split_from_counts, plan_layer_split
 from shards.export.stage_model import StageModule, stage_weight_names

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.errors import ExportError
 from shards.architecture import ArchSpec
-from shards.errors import ExportError
 
 # bytes read per parameter, by export format; int4 exports keep the LM head in int8.
 BYTES_PER_PARAM = {"int4": 0.53, "int8": 1.0, "fp16": 2.0, "fp32": 4.0}

@@ -6,9 +6,9 @@ import asyncio
 
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import Drafter
-from agent.head.sampling import SamplingParams
 from agent.head.targets import LocalTarget
-from agent.runtime import LocalPipeline
+from agent.runtime.pipeline import LocalPipeline
+from agent.sampling.params import SamplingParams
 
 GREEDY = SamplingParams()
 

@@ -28,9 +28,10 @@ from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.head.chat import ChatTokenizer
 from agent.head.decode import decode
-from agent.head.sampling import SamplingParams
 from agent.head.targets import LocalTarget
-from agent.runtime import LocalPipeline, RuntimeConfig
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.pipeline import LocalPipeline
+from agent.sampling.params import SamplingParams
 from shards.manifest import Manifest
 from tests.conftest import PROMPTS
 from tests.integration.ring_lab import AgentProcess, Fleet, free_port, start_agent, status, wait_for

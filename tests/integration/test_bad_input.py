@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shards.errors import CorruptCheckpointError, ShoalError
+from agent.errors import CorruptCheckpointError, ShoalError
 
 
 @dataclass

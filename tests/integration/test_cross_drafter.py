@@ -13,7 +13,8 @@ from agent.head.decode import DecodeStats
 from agent.head.drafters import HybridDrafter
 from agent.head.drafting import DrafterFactory, make_drafter
 from agent.head.model_drafter import ModelDrafter
-from agent.runtime import LocalPipeline, RuntimeConfig
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.pipeline import LocalPipeline
 from agent.runtime.stage import CompiledStage
 from shards.manifest import Manifest
 from tests.integration.local_decode import GREEDY, greedy_tokens

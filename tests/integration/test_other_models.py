@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.runtime import CompiledStage, LocalPipeline, RuntimeConfig
-from shards.errors import ExportError
+from agent.errors import ExportError
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.pipeline import LocalPipeline
+from agent.runtime.stage import CompiledStage
 from shards.export.exporter import ExportRequest, export
 from shards.manifest import Manifest
 from tests.conftest import greedy

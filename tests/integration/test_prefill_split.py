@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from agent.runtime import RuntimeConfig
+from agent.runtime.config import RuntimeConfig
 from agent.runtime.session import StageSession
 from agent.runtime.stage import CompiledStage, default_inference_precision
 from shards.manifest import Manifest

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.runtime import LocalPipeline, PipelineSession, RuntimeConfig
-from shards.errors import RuntimeStageError
+from agent.errors import RuntimeStageError
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.pipeline import LocalPipeline, PipelineSession
 from shards.manifest import Manifest
 
 KEPT = [504, 3575]  # two accepted draft tokens

@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.errors import FleetBusyError
+from agent.errors import FleetBusyError, PromptTooLongError
 from agent.fleet import NodeIdentity
 from agent.head.adaptive_k import AdaptiveK
-from agent.head.chat import PromptTooLongError
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import make_drafter
 from agent.head.ring_client import RingClient, RingSession
-from agent.head.sampling import SamplingParams
 from agent.head.targets import LocalTarget
-from agent.runtime import LocalPipeline, RuntimeConfig
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.pipeline import LocalPipeline
+from agent.sampling.params import SamplingParams
 from agent.transport.tls import client_context
 from shards.manifest import Manifest
 from tests.conftest import PROMPTS, greedy

@@ -15,7 +15,7 @@ from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import NGramDrafter
 from agent.head.ring_client import RingClient
-from agent.head.sampling import SamplingParams
+from agent.sampling.params import SamplingParams
 from agent.transport.tls import client_context
 from shards.manifest import Manifest
 from tests.integration.ring_lab import AgentProcess, Fleet, status

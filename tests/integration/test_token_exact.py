@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.runtime import LocalPipeline, RuntimeConfig
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.pipeline import LocalPipeline
 from shards.manifest import Manifest
 from tests.conftest import greedy
 

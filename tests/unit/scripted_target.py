@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agent.head.distribution import SparseDistribution
-from agent.runtime.readout import StepOutput
+from agent.sampling.distribution import SparseDistribution
+from agent.sampling.readout import StepOutput
 
 VOCAB = 12
 

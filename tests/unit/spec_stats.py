@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy.stats import chisquare
 
-from agent.head.distribution import SparseDistribution
 from agent.head.speculative import Verdict
+from agent.sampling.distribution import SparseDistribution
 
 VerifyFn = Callable[
     [Sequence[int], Sequence[SparseDistribution] | None, Sequence[SparseDistribution], np.random.Generator],

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.node.config import ConfigError, load_agent_config, parse_address
+from agent.errors import ConfigError
+from agent.node.config import load_agent_config, parse_address
 
 pytestmark = pytest.mark.ring
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.chat.endpoint import ChatEndpoint, ChatEndpointError
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatProtocolError, ChatRequest
+from agent.chat.endpoint import ChatEndpoint
+from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+from agent.errors import ChatEndpointError, ChatProtocolError
 
 pytestmark = pytest.mark.ring
 

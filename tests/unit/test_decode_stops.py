@@ -11,7 +11,7 @@ import pytest
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import Draft, NGramDrafter
-from agent.head.sampling import SamplingParams
+from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import ScriptedTarget, plain_greedy
 
 pytestmark = pytest.mark.ring

@@ -18,8 +18,8 @@ from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, _DraftAhead, decode
 from agent.head.drafters import Draft
 from agent.head.model_drafter import ModelDrafter
-from agent.head.sampling import SamplingParams
 from agent.head.turn import HeadTurn
+from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import VOCAB, ScriptedTarget, next_greedy, plain_greedy
 
 pytestmark = pytest.mark.ring

@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.head.chat import PromptTooLongError
+from agent.errors import PromptTooLongError
 from agent.head.generate import generate
-from agent.head.sampling import SamplingParams
+from agent.sampling.params import SamplingParams
 
 
 class ScriptedSession:

@@ -19,8 +19,8 @@ import pytest
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import decode
 from agent.head.drafters import Draft
-from agent.head.sampling import SamplingParams
-from agent.runtime.readout import StepOutput
+from agent.sampling.params import SamplingParams
+from agent.sampling.readout import StepOutput
 from tests.unit.scripted_target import ScriptedTarget, next_greedy, plain_greedy
 
 JOB_S = 0.004

@@ -6,7 +6,7 @@ import asyncio
 
 from agent.chat.kept import KeptConversation, KeptConversations
 from agent.head.resumable import ResumableTarget
-from agent.head.sampling import SamplingParams
+from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import ScriptedTarget
 
 GREEDY = SamplingParams()

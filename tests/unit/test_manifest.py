@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.errors import IntegrityError, ManifestError, UnsupportedModelError
 from shards.architecture import ArchSpec, arch_spec_from_config
-from shards.errors import IntegrityError, ManifestError, UnsupportedModelError
 from shards.manifest import FileEntry, GraphEntry, Manifest, SourceInfo
 
 ARCH = ArchSpec("llama", "llama", 4, 64, 128, 4, 2, 16, 100, 1e-5, False, False, False, True, 512)

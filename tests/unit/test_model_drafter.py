@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agent.head.model_drafter import ModelDrafter
-from agent.head.sampling import SamplingParams
+from agent.sampling.params import SamplingParams
 
 pytestmark = [pytest.mark.fast, pytest.mark.ring]
 

@@ -15,9 +15,9 @@ from scipy.stats import chisquare
 
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, decode
-from agent.head.distribution import SparseDistribution
 from agent.head.drafters import Draft, NGramDrafter
-from agent.head.sampling import SamplingParams
+from agent.sampling.distribution import SparseDistribution
+from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import VOCAB, ScriptedTarget, dist_at, next_greedy, plain_greedy
 
 pytestmark = pytest.mark.ring

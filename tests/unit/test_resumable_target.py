@@ -12,7 +12,7 @@ from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import decode
 from agent.head.drafters import NGramDrafter
 from agent.head.resumable import ResumableTarget
-from agent.head.sampling import SamplingParams
+from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import ScriptedTarget, plain_greedy
 
 GREEDY = SamplingParams()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.head.sampling import Sampler, SamplingParams
+from agent.errors import RuntimeStageError, ShoalError
 from agent.runtime.stage import (
     RuntimeConfig,
     choose_device,
@@ -12,7 +12,7 @@ from agent.runtime.stage import (
     speculation_is_exact,
     splits_prefill,
 )
-from shards.errors import RuntimeStageError, ShoalError
+from agent.sampling.params import Sampler, SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from agent.errors import RemoteProtocolError
 from agent.head import speculative
-from agent.head.distribution import SparseDistribution, decode_many, encode_many
 from agent.head.speculative import Verdict, verify_greedy, verify_sampled
+from agent.sampling.distribution import SparseDistribution, decode_many, encode_many
 from tests.unit.spec_stats import chi_square_pvalue, emitted_token_histograms
 
 pytestmark = pytest.mark.ring

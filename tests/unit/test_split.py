@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.errors import ExportError
 from shards.architecture import ArchSpec
-from shards.errors import ExportError
 from shards.export.split import layer_split_from_counts, plan_layer_split
 
 

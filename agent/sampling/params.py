@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shards.errors import ShoalError
+from agent.errors import ShoalError
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.errors import RemoteProtocolError
-from agent.head.distribution import SparseDistribution, decode_many, encode_many
-from agent.head.sampling import SamplingParams, sampling_distribution
-from agent.wire import DType, Frame, FrameType
+from agent.sampling.distribution import SparseDistribution
+from agent.sampling.params import SamplingParams, sampling_distribution
 
 
 @dataclass(frozen=True)
@@ -43,29 +41,6 @@ class StepOutput:
         if self.dists is not None and earlier.dists is not None:
             return StepOutput(dists=[*earlier.dists, *self.dists])
         raise ValueError("cannot join a greedy answer with a sampled one")
-
-    def to_frame(self, session: int, step: int) -> Frame:
-        if self.top1 is not None:
-            return Frame.tensor(
-                FrameType.RESULT, self.top1.astype(np.int32), session=session, step=step, count=len(self.top1)
-            )
-        dists = self.dists or []
-        return Frame.message(FrameType.RESULT, encode_many(dists), session=session, step=step, count=len(dists))
-
-    @classmethod
-    def from_frame(cls, frame: Frame, vocab_size: int, max_positions: int) -> StepOutput:
-        """Validated: ids within the vocabulary, at most ``max_positions`` positions."""
-        if frame.dtype is DType.INT32:
-            ids = frame.array()
-            if ids.ndim != 1 or len(ids) > max_positions or len(ids) == 0:
-                raise RemoteProtocolError(f"result of shape {ids.shape} for a step of {max_positions} positions")
-            top1 = ids.tolist()  # a handful of ids: Python compares them faster than two numpy reductions
-            if min(top1) < 0 or max(top1) >= vocab_size:
-                raise RemoteProtocolError("result holds token ids outside the vocabulary")
-            return cls(top1=ids.copy())
-        if frame.dtype is DType.BYTES:
-            return cls(dists=decode_many(frame.body(), vocab_size, max_positions))
-        raise RemoteProtocolError(f"result payload of dtype {frame.dtype.name}")
 
 
 def read_out(logits: np.ndarray, params: SamplingParams, last_only: bool) -> StepOutput:

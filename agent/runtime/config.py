@@ -1,0 +1,56 @@
+"""How stages are compiled on this PC (``RuntimeConfig``) and the names its settings take.
+
+This module does not import OpenVINO, so the command line and the configuration can use it on any PC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import RuntimeStageError
+
+KNOWN_DEVICES = ("AUTO", "CPU", "GPU", "NPU")
+PRECISIONS = ("auto", "f32", "bf16", "f16")
+REWINDS = ("auto", "mask", "compact")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How stages are compiled on this PC."""
+
+    device: str = "AUTO"
+    threads: int | None = None
+    """CPU inference threads; None lets OpenVINO decide."""
+    cache_dir: Path | None = None
+    """OpenVINO compiled-model cache; a restart then skips compilation."""
+    precision: str = "auto"
+    """Inference precision: ``auto``, or ``f32``, ``bf16``, ``f16`` throughout. ``auto`` on the CPU with
+    int4/int8 weights computes with f32 activations, which the plugin quantizes to int8 on the fly for
+    its int8 kernels (measured on a Xeon with AMX: 15-25 % less time per token than its bf16 default,
+    and verifying K+1 positions at once costs far less); elsewhere ``auto`` is the plugin's default.
+    In bf16, or with activations quantized on the fly, the CPU plugin rounds differently where a graph
+    is cut into stages: only ``f32`` makes a split int4/int8 export token-identical to its 1-stage export."""
+    fast_prefill: bool = False
+    """With ``auto`` on the CPU and int4/int8 weights: a second compilation in the plugin's default
+    precision runs long steps (prompts), the KV state moved across. bf16 prefill is ~1.8x faster on CPUs
+    with AMX, for twice the stage's memory (each compilation packs its own copy of the weights). Where the
+    plugin's default is f32 anyway (a CPU without bf16 or f16), nothing would be gained and the stage
+    compiles once."""
+    rewind: str = "auto"
+    """How a session forgets rejected drafts (``REWINDS``). ``mask``: they stay in the KV state, masked
+    out of attention; free. ``compact``: they are cut out of the state, one copy per rewind (measured on
+    a Xeon with AMX, 250 positions: ~5 ms for 12 SmolLM2 layers, ~6 ms for 11 Qwen-1.5B layers).
+    What keeps speculative greedy decoding token-identical to plain decoding (CPU plugin, OpenVINO
+    2026.4, measured on SmolLM2): a graph computed in f32 throughout (``precision`` f32, or float
+    weights) with either rewind; in lower precisions (activations quantized on the fly, the default for
+    int4/int8, or bf16) masked positions move later logits by up to ~0.8, so only compaction on one
+    thread is exact; on several threads those precisions also round a step of K+1 positions differently
+    from K+1 steps of one, and no rewind is exact. ``auto``: compact where that makes decoding exact
+    (CPU, one thread, below f32), else mask."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise RuntimeStageError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+        if self.rewind not in REWINDS:
+            raise RuntimeStageError(f"rewind must be one of {', '.join(REWINDS)}, not {self.rewind!r}")
