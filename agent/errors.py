@@ -27,7 +27,7 @@
     │   └── HTTPError               the same, for the OpenAI-style HTTP API (mapped to a status)
     ├── ChatEndpointError      no agent on this PC serves chats (the endpoint file is missing)
     ├── ChatAnswerError        the agent answered a chat with an error event
-    └── bench.BenchError       a benchmark step failed (the harness beside tests/, not the product)
+    └── BenchError             a measurement or benchmark step failed (``shoal bench stages``, ``bench/``)
 
 Foreign exceptions (ssl, socket, OpenVINO, gguf, transformers) are mapped to these where they arrive,
 with ``raise ... from exc``, so that the command line prints one line and exits non-zero.
@@ -145,3 +145,7 @@ class ChatEndpointError(ShoalError):
 
 class ChatAnswerError(ShoalError):
     """The agent answered a chat with an error event."""
+
+
+class BenchError(ShoalError):
+    """A measurement or benchmark step (an export or a measured run) failed."""

@@ -45,10 +45,9 @@ from agent.errors import (
     SessionEvictedError,
 )
 from agent.head.adaptive_k import AdaptiveK
-from agent.head.chat import ChatTokenizer, TextStream
+from agent.head.chat import ChatTokenizer, TextStream, check_prompt
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import DrafterFactory
-from agent.head.generate import check_prompt
 from agent.head.resumable import ResumableTarget
 from agent.head.ring_client import RingClient
 from agent.head.targets import LocalTarget, Target

@@ -32,3 +32,14 @@ def layer_counts(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected layer counts such as 18,10, not {text!r}") from None
+
+
+def core_list(text: str) -> list[int]:
+    """``N[,N...]`` -> CPU core numbers (argparse type)."""
+    try:
+        cores = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of core numbers") from exc
+    if not cores or any(core < 0 for core in cores):
+        raise argparse.ArgumentTypeError(f"{text!r} names no core")
+    return cores

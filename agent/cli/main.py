@@ -230,54 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--days", type=int, default=365, help="validity in days")
     f.add_argument("--out", type=Path, default=None, help="identity folder to write (default: <fleet dir>/nodes/NODE)")
 
-    p = sub.add_parser("bench", help="benchmarks (results for docs/benchmarks.md)")
+    p = sub.add_parser("bench", help="measure this PC (the benchmark harness is python -m bench, beside tests/)")
     bench = p.add_subparsers(dest="bench", required=True)
-    b = bench.add_parser("shards", help="openvino_genai baseline vs 1/2/3 in-process stages, one thread each")
-    b.add_argument("--model", default="smollm2", help="SOURCE to benchmark (default smollm2)")
-    b.add_argument("--runs", type=int, default=5)
-    b.add_argument("--tokens", type=int, default=128)
-    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
-    b.add_argument("--configs", default=None, help="comma-separated subset of mono,1-stage,2-stage,3-stage")
-    b.add_argument("--core", type=int, default=None, help="CPU core every run is pinned to (default: the last)")
-    b.add_argument("--prompt", default=None, help="user message (default: a fixed coding question)")
-    b.add_argument(
-        "--warmup-tokens", type=int, default=None, help="untimed tokens right before each run (default: --tokens)"
-    )
-    b.add_argument(
-        "--min-cpu-share",
-        type=float,
-        default=None,
-        help="repeat a run whose CPU time / wall time falls below this (default 0.95; 0 never)",
-    )
-    b.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="before each run, wait up to SECONDS for the other cores to be idle (default 0)",
-    )
-    b.add_argument(
-        "--resident-workers",
-        action="store_true",
-        help="one process per configuration serving all its runs, instead of a fresh one per run",
-    )
-    b = bench.add_parser(
-        "ring", help="the ring of one-thread agents (pp, speculation, 2 users, added latency) vs openvino_genai"
-    )
-    from agent.bench.ring_bench import add_arguments
-
-    add_arguments(b)
-    b = bench.add_parser(
-        "chat",
-        help="a conversation through a chat agent that keeps sessions between turns, "
-        "beside one that starts every turn afresh",
-    )
-    from agent.bench.chat_bench import add_arguments as add_chat_arguments
-
-    add_chat_arguments(b)
     b = bench.add_parser("stages", help="each stage's decode time back to back, beside the split planner's estimate")
-    from agent.bench.stages_bench import add_arguments as add_stages_arguments
+    from agent.measure.stages import add_arguments as add_stages_arguments
 
     add_stages_arguments(b)
     return parser
@@ -290,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    _quiet_libraries()
+    quiet_libraries()
     cache_dir = args.cache_dir or default_cache_dir()
     try:
         if args.command == "export":
@@ -323,21 +279,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_fleet(args, default_data_dir())
         if args.command == "bench":
-            if args.bench == "ring":
-                from agent.bench.ring_bench import run_bench_ring
+            from agent.measure.stages import run_bench_stages
 
-                return run_bench_ring(args, cache_dir)
-            if args.bench == "chat":
-                from agent.bench.chat_bench import run_bench_chat
-
-                return run_bench_chat(args, cache_dir)
-            if args.bench == "stages":
-                from agent.bench.stages_bench import run_bench_stages
-
-                return run_bench_stages(args, cache_dir)
-            from agent.bench.shards_bench import run_bench_shards
-
-            return run_bench_shards(args, cache_dir)
+            return run_bench_stages(args, cache_dir)
     except ShoalError as exc:
         print(f"shoal: error: {exc}", file=sys.stderr)
         return 1
@@ -347,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
+    """Keep the ML libraries' warnings and progress chatter off the terminal."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name in ("nncf", "transformers", "optimum", "torch"):
         logging.getLogger(name).setLevel(logging.ERROR)

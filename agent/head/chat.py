@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agent.errors import PromptTooLongError
+
 
 class ChatTokenizer:
     """The export's tokenizer, with the chat template and the ids that end a reply."""
@@ -59,3 +61,14 @@ class TextStream:
             return ""
         delta, self._emitted = text[self._emitted :], len(text)
         return delta
+
+
+def check_prompt(prompt_ids: list[int], max_tokens: int, context_tokens: int) -> None:
+    """Refuse, before anything is sent, a prompt that is empty or leaves no room for the reply."""
+    if not prompt_ids:
+        raise PromptTooLongError("the prompt is empty")
+    if len(prompt_ids) + max_tokens > context_tokens:
+        raise PromptTooLongError(
+            f"prompt of {len(prompt_ids)} tokens plus {max_tokens} new tokens exceeds the "
+            f"{context_tokens}-token context; shorten the prompt or lower --max-tokens"
+        )

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.head.adaptive_k import AdaptiveK
+from agent.head.chat import check_prompt
 from agent.head.drafters import Draft, Drafter, HybridDrafter
-from agent.head.generate import check_prompt
 from agent.head.speculative import Verdict, verify_greedy, verify_sampled
 from agent.head.targets import Target
 from agent.head.turn import HeadTurn

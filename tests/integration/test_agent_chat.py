@@ -647,10 +647,10 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
     """The eviction crosses the next turn on the wire: a chat agent whose link to stage 1 is slowed (a delay
     proxy) takes its kept session over before the ERROR ``evicted`` reaches it; the resumed step fails
     with it, and the turn starts afresh with the pipeline's answer instead of failing."""
-    from agent.bench.delay_proxy import DelayProxy
     from agent.head.ring_client import RingClient
     from agent.transport.tls import client_context
     from tests.integration.conftest import RING_MAX_SESSIONS
+    from tests.support.delay_proxy import DelayProxy
 
     folder = exported(3, "fp32")
     tokenizer = ChatTokenizer(folder / "tokenizer")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench.stages_bench import render_table, time_stages, time_stages_together
+from agent.measure.stages import render_table, time_stages, time_stages_together
 
 
 def test_every_stage_is_timed_beside_its_planned_share(exported: Callable[..., Path], cache_dir: Path) -> None:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agent.bench.delay_proxy import DelayProxy, parse_hostport
+from tests.support.delay_proxy import DelayProxy, parse_hostport
 
 pytestmark = pytest.mark.ring
 
@@ -150,7 +150,7 @@ def test_command_line_adds_forwarders_and_sets_the_delay() -> None:
         server = loop.run_until_complete(serve())
         port = server.sockets[0].getsockname()[1]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.bench.delay_proxy", "--delay-ms", "5"],
+            [sys.executable, "-m", "tests.support.delay_proxy", "--delay-ms", "5"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -1,4 +1,4 @@
-"""``shoal bench ring --json``: the report's shape (as ``shoal bench shards --json``), ratios and goals."""
+"""``python -m bench ring --json``: the report's shape (as ``python -m bench shards --json``), ratios and goals."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.bench.ring_bench import RingSettings, _settings_json, add_arguments, build_report, render_markdown
+from bench.ring_bench import RingSettings, _settings_json, add_arguments, build_report, render_markdown
 
 pytestmark = pytest.mark.ring
 
@@ -125,13 +125,13 @@ def test_wire_bytes_per_decode_step_are_reported_and_rendered() -> None:
     split = report["configs"]["pp+sd"]["time_split"]
     assert split["wire_bytes_per_step"] == [2304, 20]
     assert report["configs"]["pp"]["time_split"]["wire_bytes_per_step"] == [None, None]  # saved before they counted
-    text = render_markdown(report, "shoal bench ring --model smollm2")
+    text = render_markdown(report, "python -m bench ring --model smollm2")
     assert "| 2,304, 20 |" in text
     assert "| pp+sd+mb | 25.0 (23.8-26.2) |" in text
 
 
 def test_a_ratio_just_under_its_goal_is_not_shown_as_equal() -> None:
-    from agent.bench.ring_bench import _goal_text
+    from bench.ring_bench import _goal_text
 
     assert (
         _goal_text("pp+mb/pp@0ms", {"target": 1.85, "ratio": 1.8474, "pass": False})

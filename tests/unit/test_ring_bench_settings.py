@@ -1,4 +1,4 @@
-"""``shoal bench ring``'s options: setups, latencies, and which draft model each setup gets."""
+"""``python -m bench ring``'s options: setups, latencies, and which draft model each setup gets."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from agent.bench import BenchError
-from agent.bench.ring_bench import DEFAULT_LATENCIES, RingSettings, Setup, add_arguments
+from bench import BenchError
+from bench.ring_bench import DEFAULT_LATENCIES, RingSettings, Setup, add_arguments
 
 pytestmark = pytest.mark.ring
 
@@ -54,3 +54,15 @@ def test_a_pinned_cut_names_its_own_export() -> None:
         _settings("--layers", "18,10")
     with pytest.raises(BenchError, match="every stage"):
         _settings("--model", "smollm2", "--stages", "3", "--layers", "18,12")
+
+
+def test_agent_cores_are_one_per_agent_in_stage_order_and_the_last_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)))
+    settings = _settings("--head-core", "0", "--agent-core", "1,2")
+    assert [settings.agent_core(stage) for stage in (1, 2, 3)] == [1, 2, 2]
+    assert settings.spare_cores() == [3, 4, 5, 6, 7]  # where the delay proxies go
+    assert _settings("--head-core", "0").agent_cores == (7,)
+    with pytest.raises(BenchError):
+        _settings("--head-core", "1", "--agent-core", "1,2")  # the head's core is not an agent's
+    with pytest.raises(SystemExit):
+        _settings("--agent-core", "1,x")

@@ -1,4 +1,4 @@
-"""``shoal bench ring``'s per-token time split: what counts as our own Python and what as wire."""
+"""``python -m bench ring``'s per-token time split: what counts as our own Python and what as wire."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.bench.ring_bench import time_split
+from bench.ring_bench import time_split
 
 pytestmark = pytest.mark.ring
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from agent.errors import PromptTooLongError
-from agent.head.generate import generate
 from agent.sampling.params import SamplingParams
+from bench.plain_decode import generate
 
 
 class ScriptedSession:

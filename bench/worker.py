@@ -1,4 +1,4 @@
-"""Benchmark runs in a process of their own, pinned to one core: ``python -m agent.bench.worker``.
+"""Benchmark runs in a process of their own, pinned to one core: ``python -m bench.worker``.
 
 Protocol (one JSON object per line): the parent writes a :class:`RunSpec`; the worker pins itself
 to the given core *before* importing OpenVINO (so the CPU plugin's thread pool sees one CPU),
@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from agent.bench import BenchError
-from agent.bench.peak import peak_rss_bytes
+from bench import BenchError
+from bench.peak import peak_rss_bytes
 
 KINDS = ("mono", "shoal")
 RUN, QUIT = "run", "quit"
@@ -142,8 +142,8 @@ class ShoalRunner:
         self.load_s = time.perf_counter() - start
 
     def generate(self, count: int) -> Generation:
-        from agent.head.generate import generate
         from agent.sampling.params import SamplingParams
+        from bench.plain_decode import generate
 
         session = self.pipeline.new_session()
         timers = []
@@ -282,7 +282,7 @@ class WorkerProcess:
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.bench.worker"],
+            [sys.executable, "-m", "bench.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

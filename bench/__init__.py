@@ -1,11 +1,10 @@
-"""Benchmarks whose results go into docs/benchmarks.md (``shoal bench ...``)."""
+"""The benchmark harness: shoal against the baselines a user would pick instead, results for docs/benchmarks.md.
 
-from agent.errors import ShoalError
+Run from a checkout with the ``[bench]`` extra: ``python -m bench ring|chat|shards ...``. It is a tool of ours
+beside ``tests/``, not part of what a donor PC installs.
+"""
 
-
-class BenchError(ShoalError):
-    """A benchmark step (an export or a measured run) failed."""
-
+from agent.errors import BenchError
 
 __all__ = ["BenchError"]
 

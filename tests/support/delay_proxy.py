@@ -1,6 +1,6 @@
-"""A userspace TCP forwarder that adds a fixed one-way delay: ``python -m agent.bench.delay_proxy``.
+"""A userspace TCP forwarder that adds a fixed one-way delay: ``python -m tests.support.delay_proxy``.
 
-Kernel ``netem`` is not available here (DESIGN.md "Measuring"), so ``shoal bench ring`` puts one of
+Kernel ``netem`` is not available here (DESIGN.md "Measuring"), so ``python -m bench ring`` puts one of
 these in front of each agent's listening port. Every chunk read from one side is written to the
 other side ``delay`` seconds after it arrived, in both directions, in order. Reading never waits for
 writing: each direction has a release-time queue, and one writer task per direction sleeps until
@@ -13,7 +13,7 @@ release time it got on arrival, and order is kept even when the delay shrinks.
 
 Command line (one process can hold several forwarders)::
 
-    python -m agent.bench.delay_proxy [--delay-ms L]
+    python -m tests.support.delay_proxy [--delay-ms L]
 
 then, one command per line on stdin, each answered by one line on stdout:
 
@@ -246,7 +246,7 @@ async def serve_commands(delay_ms: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.bench.delay_proxy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.support.delay_proxy", description=__doc__.splitlines()[0])
     parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per direction (default 0)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

@@ -1,4 +1,4 @@
-"""What the CPU plugin made of each graph: ``python -m agent.bench.graphs DIR [DIR...]``.
+"""What the CPU plugin made of each graph: ``python -m agent.measure.graphs DIR [DIR...]``.
 
 Compiles every stage of a shoal export (or an optimum-intel ``openvino_model.xml`` folder) the way
 the benchmark does (CPU, one thread) and prints, per graph, the execution precision and the
@@ -75,7 +75,7 @@ def _label(folder: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.bench.graphs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m agent.measure.graphs", description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
-"""The generation loop over any session that maps token ids to logits."""
+"""A plain generation loop (no drafting, no ring) over any session that maps token ids to logits: what the
+benchmark's in-process runs decode with."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
-from agent.errors import PromptTooLongError
+from agent.head.chat import check_prompt
 from agent.sampling.params import Sampler, SamplingParams
 
 
@@ -34,14 +35,3 @@ def generate(
         yield token
         if produced < max_tokens:
             logits = session.step(np.asarray([[token]], dtype=np.int64))
-
-
-def check_prompt(prompt_ids: list[int], max_tokens: int, context_tokens: int) -> None:
-    """Refuse, before anything is sent, a prompt that is empty or leaves no room for the reply."""
-    if not prompt_ids:
-        raise PromptTooLongError("the prompt is empty")
-    if len(prompt_ids) + max_tokens > context_tokens:
-        raise PromptTooLongError(
-            f"prompt of {len(prompt_ids)} tokens plus {max_tokens} new tokens exceeds the "
-            f"{context_tokens}-token context; shorten the prompt or lower --max-tokens"
-        )

@@ -1,6 +1,6 @@
 """Peak resident memory of a process, and a launcher that records it for any Python module.
 
-``python -m agent.bench.peak OUT MODULE [ARGS...]`` runs ``MODULE`` as ``__main__`` (as ``python -m
+``python -m bench.peak OUT MODULE [ARGS...]`` runs ``MODULE`` as ``__main__`` (as ``python -m
 MODULE ARGS...`` would) and writes the process's peak resident set size in bytes to ``OUT`` when
 it exits.
 
@@ -32,7 +32,7 @@ def peak_rss_bytes() -> int:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
-        print("usage: python -m agent.bench.peak OUT MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m bench.peak OUT MODULE [ARGS...]", file=sys.stderr)
         sys.exit(2)
     out, module, *rest = argv
     atexit.register(lambda: Path(out).write_text(str(peak_rss_bytes())))

@@ -1,4 +1,4 @@
-"""``shoal bench shards``: the monolithic openvino_genai baseline against 1, 2 and 3 in-process stages.
+"""``python -m bench shards``: the monolithic openvino_genai baseline against 1, 2 and 3 in-process stages.
 
 Method (docs/benchmarks.md, DESIGN.md "Measuring"):
 
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchError, select_configs
-from agent.bench.baseline import PreparedExport, optimum_export, recorded_steps, shoal_export
-from agent.bench.report import BASELINE, build_report, render_markdown, render_table
-from agent.bench.worker import RunResult, RunSpec, WorkerProcess
+from bench import BenchError, select_configs
+from bench.baseline import PreparedExport, optimum_export, recorded_steps, shoal_export
+from bench.report import BASELINE, build_report, render_markdown, render_table
+from bench.worker import RunResult, RunSpec, WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,12 @@ QUIET_BUSY = 0.10
 QUIET_POLL_S = 5.0
 SETTLE_S = 0.2
 """Pause before each run, so that the previous worker's threads are asleep."""
-MARKDOWN_TITLE = "# Benchmarks\n\nSections are appended by `shoal bench shards --markdown docs/benchmarks.md`.\n\n"
+MARKDOWN_TITLE = "# Benchmarks\n\nSections are appended by `python -m bench shards --markdown docs/benchmarks.md`.\n\n"
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """What ``shoal bench shards`` was asked to measure, validated."""
+    """What ``python -m bench shards`` was asked to measure, validated."""
 
     model: str
     configs: tuple[str, ...]
@@ -102,7 +102,7 @@ class BenchSettings:
 def run_bench_shards(args: argparse.Namespace, cache_dir: Path) -> int:
     """Prepare (or reuse) the exports, run every configuration ``--runs`` times, report."""
     settings = BenchSettings.from_args(args)
-    work = cache_dir / "bench" / _slug(settings.model)
+    work = cache_dir / "bench" / slug(settings.model)
     work.mkdir(parents=True, exist_ok=True)
     exports = _prepare_exports(settings.model, settings.configs, work, cache_dir)
     prompt_ids = _prompt_ids(exports, settings.prompt, settings.tokens)
@@ -117,13 +117,15 @@ def run_bench_shards(args: argparse.Namespace, cache_dir: Path) -> int:
         "repeated_runs": repeated,
         "exports": {name: _export_json(export) for name, export in exports.items()},
     }
-    report = build_report(settings.model, settings.tokens, settings.runs, results, _machine(settings.core), extra)
+    report = build_report(
+        settings.model, settings.tokens, settings.runs, results, describe_machine(settings.core), extra
+    )
     if args.json:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
         print(render_table(report))
     if args.markdown is not None:
-        _append_markdown(args.markdown, render_markdown(report, _command_line()))
+        append_markdown(args.markdown, render_markdown(report, command_line()))
         print(f"bench: results appended to {args.markdown}", file=sys.stderr)
     return 0
 
@@ -200,7 +202,7 @@ def _core(requested: int | None) -> int:
     return requested
 
 
-def _slug(model: str) -> str:
+def slug(model: str) -> str:
     """A folder name for a model source (short name, path or Hub id)."""
     name = Path(model).name if os.sep in model and Path(model).exists() else model
     return re.sub(r"[^A-Za-z0-9._-]+", "--", name).strip("-") or "model"
@@ -270,7 +272,7 @@ def _wait_for_quiet(core: int, patience: float) -> None:
 
 
 def _others_busy(core: int, interval: float) -> float:
-    from agent.bench.worker import cpu_times
+    from bench.worker import cpu_times
 
     before = cpu_times()
     time.sleep(interval)
@@ -293,7 +295,7 @@ def _export_json(export: PreparedExport) -> dict[str, Any]:
     return data
 
 
-def _machine(core: int) -> dict[str, Any]:
+def describe_machine(core: int) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     import psutil
@@ -331,11 +333,11 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _command_line() -> str:
+def command_line() -> str:
     return shlex.join(["shoal", *sys.argv[1:]])
 
 
-def _append_markdown(path: Path, section: str) -> None:
+def append_markdown(path: Path, section: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     existing = path.read_text() if path.is_file() else ""
     with path.open("a") as f:

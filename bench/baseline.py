@@ -6,11 +6,11 @@ same checkpoint exported whole by optimum-intel, with the compression shoal appl
 optimum-intel reads Hugging Face folders only, so a GGUF checkpoint is first dequantized into one
 (float32 safetensors and tokenizer); that folder is deleted once the OpenVINO export is in place.
 
-Every export runs in a child process of its own (through :mod:`agent.bench.peak`), so this
+Every export runs in a child process of its own (through :mod:`bench.peak`), so this
 process stays small and each step's peak resident memory is recorded: the figures that
 docs/benchmarks.md compares for whole-model and per-stage exports.
 
-``python -m agent.bench.baseline gguf-to-hf GGUF OUT`` is the child that dequantizes a GGUF.
+``python -m bench.baseline gguf-to-hf GGUF OUT`` is the child that dequantizes a GGUF.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchError
 from agent.errors import ExportError, ShoalError
+from bench import BenchError
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def run_measured(module: str, args: list[str], env: dict[str, str] | None = None
         peak_file = Path(tmp) / "peak"
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "agent.bench.peak", str(peak_file), module, *args],
+            [sys.executable, "-m", "bench.peak", str(peak_file), module, *args],
             stdout=sys.stderr.fileno(),
             env=env,
         )
@@ -143,7 +143,7 @@ def optimum_export(source: str, out: Path, cache_dir: Path) -> PreparedExport:
             gguf = Path(checkpoint.path)  # type: ignore[attr-defined]
             print(f"bench: dequantizing {gguf.name} into a Hugging Face folder for optimum-intel", file=sys.stderr)
             steps["gguf-to-hf"] = _checked(
-                "agent.bench.baseline",
+                "bench.baseline",
                 ["gguf-to-hf", str(gguf), str(hf_dir)],
                 "converting the GGUF into a Hugging Face folder",
             )
@@ -225,7 +225,7 @@ def gguf_to_hf(gguf: Path, out: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "gguf-to-hf":
-        print("usage: python -m agent.bench.baseline gguf-to-hf GGUF OUT", file=sys.stderr)
+        print("usage: python -m bench.baseline gguf-to-hf GGUF OUT", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:

@@ -1,4 +1,4 @@
-"""``shoal bench ring``: the ring of agents against the monolithic openvino_genai baseline.
+"""``python -m bench ring``: the ring of agents against the monolithic openvino_genai baseline.
 
 What one "PC" is (issue 3, DESIGN.md "Measuring"): one agent limited to one CPU thread. The head
 (tokenizer, drafter, generation loop) lives on the PC that holds stage 0 and shares its thread, so
@@ -7,14 +7,14 @@ with one OpenVINO thread on a one-worker executor (drafting runs there too), and
 stages, ``shoal agent`` processes pinned with ``taskset`` to the other core (``--agent-core``; with
 3 stages, two agents share that core). The baseline ``mono`` is ``openvino_genai.LLMPipeline`` on
 an optimum-intel export of the same int4 checkpoint, one thread, pinned to the head's core, in a
-fresh process per run (the ``shoal bench shards`` worker).
+fresh process per run (the ``python -m bench shards`` worker).
 
 Configurations: ``mono`` (1 user), ``pp`` (ring, 1 user, no speculation), ``pp+sd`` (best drafter,
 adaptive K), ``pp+mb`` (2 users = 2 concurrent sessions from this head), ``pp+sd+mb``. Aggregate
 decode tok/s excludes each user's first token (prefill): tokens stamped after the last user got its
 first token, over the time from then to the last token.
 
-Latency: a delay proxy (:mod:`agent.bench.delay_proxy`, its own process) sits in front of every
+Latency: a delay proxy (:mod:`tests.support.delay_proxy`, its own process) sits in front of every
 agent's listening port, so a ring token crosses N delayed hops for N stages (head -> stage 1, ...,
 last stage -> head, on the head's own connection to the last stage). The delay is changed in place
 between latencies; agents and the head stay up for all configurations and latencies of a setup.
@@ -54,11 +54,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchError, select_configs
-from agent.bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
-from agent.bench.shards_bench import _append_markdown, _command_line, _machine, _slug, rotation
-from agent.bench.stats import Summary, agreement, paired_ratios
-from agent.cli.common import REWIND_CHOICES, layer_counts
+from agent.cli.common import REWIND_CHOICES, core_list, layer_counts
+from bench import BenchError, select_configs
+from bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
+from bench.shards_bench import append_markdown, command_line, describe_machine, rotation, slug
+from bench.stats import Summary, agreement, paired_ratios
 
 CONFIGS = ("mono", "pp", "pp+sd", "pp+mb", "pp+sd+mb")
 USERS = {"mono": 1, "pp": 1, "pp+sd": 1, "pp+mb": 2, "pp+sd+mb": 2}
@@ -133,7 +133,7 @@ class Setup:
 
 @dataclass(frozen=True)
 class RingSettings:
-    """What ``shoal bench ring`` was asked to measure, validated."""
+    """What ``python -m bench ring`` was asked to measure, validated."""
 
     setups: tuple[Setup, ...]
     latencies: tuple[float, ...]
@@ -152,7 +152,8 @@ class RingSettings:
     depth: int
     """Speculative steps of one session in flight at once."""
     head_core: int
-    agent_core: int
+    agent_cores: tuple[int, ...]
+    """The agents' cores in stage order (stage 1 first); with fewer cores than agents, the last is shared."""
     prompt: str
     quiet_wait: float = 0.0
     draft_model: str | None = None
@@ -196,10 +197,10 @@ class RingSettings:
             latency_setups = frozenset(_setup(text) for text in args.latency_setups.split(",") if text.strip())
         allowed = sorted(os.sched_getaffinity(0))
         head_core = allowed[0] if args.head_core is None else args.head_core
-        agent_core = allowed[-1] if args.agent_core is None else args.agent_core
-        if head_core not in allowed or agent_core not in allowed:
+        agent_cores = tuple(args.agent_core) if args.agent_core else (allowed[-1],)
+        if head_core not in allowed or any(core not in allowed for core in agent_cores):
             raise BenchError(f"--head-core/--agent-core must be among the usable cores {allowed}")
-        if head_core == agent_core and len(allowed) > 1:
+        if head_core in agent_cores and len(allowed) > 1:
             raise BenchError("the head and the agents need different cores")
         return cls(
             setups=setups,
@@ -215,13 +216,22 @@ class RingSettings:
             self_draft=args.self_draft,
             depth=args.depth,
             head_core=head_core,
-            agent_core=agent_core,
+            agent_cores=agent_cores,
             prompt=args.prompt or DEFAULT_PROMPT,
             quiet_wait=max(0.0, args.quiet_wait or 0.0),
             rewind=args.rewind,
             draft_model=args.draft_model,
             draft_ahead=args.draft_ahead,
         )
+
+    def agent_core(self, stage: int) -> int:
+        """The core of the agent serving ``stage`` (1 and up: the head holds stage 0)."""
+        return self.agent_cores[min(stage - 1, len(self.agent_cores) - 1)]
+
+    def spare_cores(self) -> list[int]:
+        """Usable cores that neither the head nor an agent is pinned to (where the delay proxies go)."""
+        taken = {self.head_core, *self.agent_cores}
+        return [core for core in sorted(os.sched_getaffinity(0)) if core not in taken]
 
     def draft_model_for(self, model: str) -> str | None:
         """The separate draft model of a setup (``--draft-model``, else the default), None for its self-draft."""
@@ -245,7 +255,7 @@ def _setup(text: str) -> Setup:
 
 
 def add_arguments(b: argparse.ArgumentParser) -> None:
-    """The options of ``shoal bench ring`` (kept here, next to what reads them)."""
+    """The options of ``python -m bench ring`` (kept here, next to what reads them)."""
     b.add_argument(
         "--model",
         default=None,
@@ -328,7 +338,14 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         help=f"untimed tokens right before each run (default {DEFAULT_WARMUP_TOKENS})",
     )
     b.add_argument("--head-core", type=int, default=None, help="core of the head and of mono (default: the first)")
-    b.add_argument("--agent-core", type=int, default=None, help="core of the agents (default: the last)")
+    b.add_argument(
+        "--agent-core",
+        type=core_list,
+        default=None,
+        metavar="N[,N...]",
+        help="cores of the agents, one per agent in stage order (stage 1 first; the last is shared by any "
+        "further agents; default: the last core)",
+    )
     b.add_argument("--prompt", default=None, help="user message (default: add type hints to a 15-line function)")
     b.add_argument(
         "--quiet-wait",
@@ -351,7 +368,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
 @dataclass(frozen=True)
 class SetupExports:
     ring: Path
-    """The N-stage export the ring serves (shared with ``shoal bench shards``)."""
+    """The N-stage export the ring serves (shared with ``python -m bench shards``)."""
     draft: Path | None
     """An export holding the self-draft graph (``--self-draft``)."""
     mono: Path | None
@@ -391,7 +408,7 @@ def prepare_exports(settings: RingSettings, cache_dir: Path) -> dict[Setup, Setu
     need_draft = any(c in SPECULATIVE for c in settings.configs) and settings.drafter != "ngram"
     per_model: dict[str, tuple[Path | None, Path | None, dict[str, Any]]] = {}
     for setup in settings.setups:
-        work = cache_dir / "bench" / _slug(setup.model)
+        work = cache_dir / "bench" / slug(setup.model)
         work.mkdir(parents=True, exist_ok=True)
         _progress(f"{setup.label}: shoal export (int4)")
         ring = shoal_export(setup.model, setup.stages, work / setup.export_name, cache_dir, setup.layers)
@@ -404,7 +421,7 @@ def prepare_exports(settings: RingSettings, cache_dir: Path) -> dict[Setup, Setu
         draft_model = settings.draft_model_for(setup.model)
         if need_draft and draft_model:
             _progress(f"{draft_model}: draft model export (int4, 1 stage)")
-            draft_work = cache_dir / "bench" / _slug(draft_model)
+            draft_work = cache_dir / "bench" / slug(draft_model)
             draft_work.mkdir(parents=True, exist_ok=True)
             made = shoal_export(draft_model, 1, draft_work / "shoal-1stage", cache_dir)
             draft, prepared["draft"] = made.path, made.to_json()
@@ -451,10 +468,11 @@ def _tail(log: Path | None) -> str:
 class ProxyProcess:
     """The delay proxies of one ring, in one process that may run on any core."""
 
-    def __init__(self) -> None:
-        cores = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+    def __init__(self, spare_cores: list[int]) -> None:
+        # off the head's and the agents' cores where the machine has spare ones, else on any core
+        cores = set(spare_cores) or (os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.bench.delay_proxy"],
+            [sys.executable, "-m", "tests.support.delay_proxy"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -742,7 +760,7 @@ class Ring:
     def start_processes(self) -> None:
         from agent.fleet import issue_node
 
-        self.proxy = ProxyProcess()
+        self.proxy = ProxyProcess(self.settings.spare_cores())
         addresses: dict[int, tuple[str, int]] = {}
         stages = self.setup.stages
         # last stage first: each agent is told the proxied address of the next one
@@ -752,14 +770,16 @@ class Ring:
                 self.exports.ring,
                 index,
                 identity.cert.parent,
-                self.settings.agent_core,
+                self.settings.agent_core(index),
                 self.cache_dir,
-                self.log_dir / f"{_slug(self.setup.model)}-{stages}stage-agent{index}.log",
+                self.log_dir / f"{slug(self.setup.model)}-{stages}stage-agent{index}.log",
                 addresses.get(index + 1),
                 self.settings.rewind,
             )
             self.agents.insert(0, agent)
-            _progress(f"{self.setup.label}: starting the agent of stage {index} on core {self.settings.agent_core}")
+            _progress(
+                f"{self.setup.label}: starting the agent of stage {index} on core {self.settings.agent_core(index)}"
+            )
             direct = agent.wait_ready()
             addresses[index] = self.proxy.add(direct)
         self.proxied = [addresses[i] for i in range(1, stages)]
@@ -898,10 +918,10 @@ class Ring:
         self, config: str, latency_ms: float, tokens: int, drafter_kind: str | None, prompt_ids: list[int]
     ) -> RingRun:
         """One run of ``config``: its users decode ``tokens`` tokens each, concurrently."""
-        from agent.bench.worker import TimedRequest
         from agent.head.adaptive_k import AdaptiveK
         from agent.head.decode import DecodeStats, decode
         from agent.sampling.params import SamplingParams
+        from bench.worker import TimedRequest
 
         users = USERS[config]
         params = SamplingParams()
@@ -1010,7 +1030,7 @@ class Ring:
 # -- the measurement -------------------------------------------------------------------------------
 def _machine_busy_seconds() -> float:
     """Busy CPU seconds of the whole machine so far (all cores, from /proc/stat)."""
-    from agent.bench.worker import cpu_times
+    from bench.worker import cpu_times
 
     ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     return sum(busy for busy, _ in cpu_times().values()) / ticks
@@ -1030,7 +1050,7 @@ def _prompt_ids(export: Path, prompt: str, tokens: int) -> list[int]:
 
 
 def _mono_run(export: Path, prompt_ids: list[int], tokens: int, settings: RingSettings, ov_cache: Path) -> RingRun:
-    from agent.bench.worker import RunSpec, WorkerProcess
+    from bench.worker import RunSpec, WorkerProcess
 
     spec = RunSpec(
         kind="mono",
@@ -1099,7 +1119,7 @@ async def _measure_setup(
                 for config in rotation(configs, round_index):
                     if config == "mono":
                         assert ring.exports.mono is not None
-                        ov_cache = ring.cache_dir / "bench" / _slug(ring.setup.model) / "ov-cache"
+                        ov_cache = ring.cache_dir / "bench" / slug(ring.setup.model) / "ov-cache"
                         done = await loop.run_in_executor(
                             None, _mono_run, ring.exports.mono, prompt_ids, tokens, settings, ov_cache
                         )
@@ -1202,8 +1222,8 @@ def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
     log_dir = bench_dir / "ring-logs" / stamp
     log_dir.mkdir(parents=True, exist_ok=True)
     partial = log_dir / "results.json"
-    machine = _machine(settings.head_core)
-    machine.update({"head_core": settings.head_core, "agent_core": settings.agent_core})
+    machine = describe_machine(settings.head_core)
+    machine.update({"head_core": settings.head_core, "agent_cores": list(settings.agent_cores)})
     raw: dict[str, Any] = {"settings": _settings_json(settings), "machine": machine, "setups": []}
     _progress(f"logs and partial results in {log_dir}")
 
@@ -1237,13 +1257,14 @@ def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
     else:
         print(render_table(report))
     if args.markdown is not None:
-        _append_markdown(args.markdown, render_markdown(report, _command_line()))
+        append_markdown(args.markdown, render_markdown(report, command_line()))
         _progress(f"results appended to {args.markdown}")
     return 0
 
 
 def _settings_json(settings: RingSettings) -> dict[str, Any]:
     data = dataclasses.asdict(settings)
+    data["spare_cores"] = settings.spare_cores()
     data["setups"] = [dataclasses.asdict(s) for s in settings.setups]
     data["latency_setups"] = (
         None if settings.latency_setups is None else [dataclasses.asdict(s) for s in settings.latency_setups]
@@ -1387,7 +1408,7 @@ def _drafters_by_latency(setup: dict[str, Any]) -> tuple[dict[str, str], dict[st
 
 
 def build_report(raw: dict[str, Any]) -> dict[str, Any]:
-    """The one JSON object ``--json`` prints: shaped like ``shoal bench shards --json`` for the first setup at
+    """The one JSON object ``--json`` prints: shaped like ``python -m bench shards --json`` for the first setup at
     the first latency (``configs``), with every setup and latency under ``setups``."""
     setups = []
     for setup in raw["setups"]:
@@ -1602,9 +1623,25 @@ def _bytes_per_step(split: dict[str, Any]) -> str:
     return f"{sent:,.0f}, {received:,.0f}"
 
 
+def _cores_text(agent_cores: list[int], report: dict[str, Any]) -> str:
+    """Which cores the agents ran on, in words: one each, or the last one shared by the agents beyond the list."""
+    agents = max(s["stages"] for s in report["setups"]) - 1
+    named = ", ".join(str(core) for core in agent_cores[:agents])
+    if agents == 1:
+        return f"core {agent_cores[0]}"
+    if len(agent_cores) >= agents:
+        return f"one core each (cores {named} in stage order)"
+    if len(agent_cores) == 1:
+        return f"core {agent_cores[0]}, which the {agents} agents share"
+    return (
+        f"cores {named} in stage order, the agents of stages {len(agent_cores)}-{agents} sharing core {agent_cores[-1]}"
+    )
+
+
 def render_table(report: dict[str, Any]) -> str:
     lines = [
-        f"shoal bench ring: {report['settings']['runs']} runs per configuration; {report['machine'].get('cpu', '?')}"
+        f"python -m bench ring: {report['settings']['runs']} runs per configuration; "
+        f"{report['machine'].get('cpu', '?')}"
     ]
     for setup in report["setups"]:
         lines += [
@@ -1621,7 +1658,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
     settings = report["settings"]
     machine = report["machine"]
     lines = [
-        f"## shoal bench ring, {machine.get('date', '')}",
+        f"## python -m bench ring, {machine.get('date', '')}",
         "",
         f"Command: `{command}`",
         "",
@@ -1629,9 +1666,10 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         f"{machine.get('memory_gb', 0):.0f} GB RAM; OpenVINO {machine.get('openvino', '?')}, openvino-genai "
         f"{machine.get('openvino_genai', '?')}. The head (this process: stage 0, tokenizer, drafter, loop on one "
         f"OpenVINO thread and one worker thread) and `mono` are pinned to core {settings['head_core']}; the agents "
-        f"(`shoal agent --threads 1`) to core {settings['agent_core']} with taskset"
-        + (" (with 3 stages, both agents share that core)" if any(s["stages"] > 2 for s in report["setups"]) else "")
-        + ". The delay proxies run in one process on either core.",
+        f"(`shoal agent --threads 1`) with taskset to {_cores_text(settings['agent_cores'], report)}"
+        + ". The delay proxies run in one process, "
+        + (f"on the spare cores {spare}" if (spare := settings.get("spare_cores")) else "on any core")
+        + ".",
         "",
         f"Method: greedy decoding, stop tokens ignored, {settings['tokens']} tokens per user and run"
         + ("".join(f", {v} at {k} ms" for k, v in settings["tokens_at"].items()))
@@ -1731,9 +1769,9 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
 
 
 def main_json_to_markdown(argv: list[str]) -> int:
-    """``python -m agent.bench.ring_bench RESULTS.json COMMAND``: render saved (partial) results again."""
+    """``python -m bench.ring_bench RESULTS.json COMMAND``: render saved (partial) results again."""
     raw = json.loads(Path(argv[0]).read_text())
-    print(render_markdown(build_report(raw), argv[1] if len(argv) > 1 else "shoal bench ring"))
+    print(render_markdown(build_report(raw), argv[1] if len(argv) > 1 else "python -m bench ring"))
     return 0
 
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchError
+from agent.errors import BenchError
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Turning the runs of ``shoal bench shards`` into its JSON object, a text table and a Markdown section.
+"""Turning the runs of ``python -m bench shards`` into its JSON object, a text table and a Markdown section.
 
 :func:`build_report` is pure: run results in, one JSON-ready dict out. The renderers only read
 that dict, so the table, the Markdown and ``--json`` always show the same figures.
@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from agent.bench.stats import Summary, agreement, paired_ratios
-from agent.bench.worker import RunResult
+from bench.stats import Summary, agreement, paired_ratios
+from bench.worker import RunResult
 
 BASELINE = "mono"
 SHOAL_CONFIGS = ("1-stage", "2-stage", "3-stage")
@@ -71,7 +71,7 @@ def build_report(
     machine: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The one JSON object ``shoal bench shards --json`` prints."""
+    """The one JSON object ``python -m bench shards --json`` prints."""
     configs = {name: config_figures(r) for name, r in results.items()}
     report: dict[str, Any] = {
         "model": model,
@@ -152,7 +152,7 @@ def render_table(report: Mapping[str, Any]) -> str:
     """A plain-text table for the terminal."""
     machine = report["machine"]
     lines = [
-        f"shoal bench shards: {report['model']}, {report['tokens']} greedy tokens, median (min-max) of "
+        f"python -m bench shards: {report['model']}, {report['tokens']} greedy tokens, median (min-max) of "
         f"{report['runs']} runs, 1 thread pinned to core {machine.get('pinned_core')}",
         f"{machine.get('cpu', '?')}; OpenVINO {machine.get('openvino', '?')}",
         "",

@@ -1,4 +1,4 @@
-"""``shoal bench chat``: a multi-turn conversation through a chat agent that keeps its sessions between
+"""``python -m bench chat``: a multi-turn conversation through a chat agent that keeps its sessions between
 turns, side by side with one that starts every turn afresh.
 
 One ring of one-thread agents (stages 1.. on the agent core) serves two stage-0 agents with a chat
@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.bench import BenchError
-from agent.bench.baseline import shoal_export
-from agent.bench.ring_bench import DEFAULT_PROMPT, AgentProcess
-from agent.bench.shards_bench import _append_markdown, _command_line, _machine, _slug, rotation
-from agent.bench.stats import Summary, paired_ratios
+from bench import BenchError
+from bench.baseline import shoal_export
+from bench.ring_bench import DEFAULT_PROMPT, AgentProcess
+from bench.shards_bench import append_markdown, command_line, describe_machine, rotation, slug
+from bench.stats import Summary, paired_ratios
 
 MODES = ("kept", "afresh")
 DEFAULT_FOLLOW_UPS = (
@@ -42,7 +42,7 @@ def _progress(text: str) -> None:
 
 @dataclass(frozen=True)
 class ChatBenchSettings:
-    """What ``shoal bench chat`` was asked to measure, validated."""
+    """What ``python -m bench chat`` was asked to measure, validated."""
 
     model: str
     stages: int
@@ -78,7 +78,7 @@ class ChatBenchSettings:
 
 
 def add_arguments(b: argparse.ArgumentParser) -> None:
-    """The options of ``shoal bench chat``."""
+    """The options of ``python -m bench chat``."""
     b.add_argument("--model", default="qwen2.5-coder-1.5b", help="SOURCE to benchmark (default qwen2.5-coder-1.5b)")
     b.add_argument("--stages", type=int, default=2, help="ring stages, the chat agent's included (default 2)")
     b.add_argument("--runs", type=int, default=5, help="timed conversations per agent (after one untimed)")
@@ -283,7 +283,7 @@ def build_report(results: Sequence[TurnResult], settings: ChatBenchSettings, mac
 def render_markdown(report: dict[str, Any], command: str) -> str:
     settings, machine = report["settings"], report["machine"]
     lines = [
-        f"## shoal bench chat, {machine['date']}",
+        f"## python -m bench chat, {machine['date']}",
         "",
         f"Command: `{command}`",
         "",
@@ -324,7 +324,7 @@ def run_bench_chat(args: argparse.Namespace, cache_dir: Path) -> int:
     from agent.fleet import init_fleet
 
     settings = ChatBenchSettings.from_args(args)
-    work = cache_dir / "bench" / _slug(settings.model)
+    work = cache_dir / "bench" / slug(settings.model)
     work.mkdir(parents=True, exist_ok=True)
     _progress(f"{settings.model}: shoal export (int4, {settings.stages} stages)")
     export = shoal_export(settings.model, settings.stages, work / f"shoal-{settings.stages}stage", cache_dir).path
@@ -335,7 +335,7 @@ def run_bench_chat(args: argparse.Namespace, cache_dir: Path) -> int:
     log_dir = bench_dir / "chat-logs" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log_dir.mkdir(parents=True, exist_ok=True)
     _progress(f"logs in {log_dir}")
-    machine = _machine(settings.head_core)
+    machine = describe_machine(settings.head_core)
     ring = ChatRing(settings, export, cache_dir, log_dir)
     try:
         ring.start(fleet_dir)
@@ -344,12 +344,12 @@ def run_bench_chat(args: argparse.Namespace, cache_dir: Path) -> int:
         ring.stop()
     report = build_report(results, settings, machine)
     (log_dir / "report.json").write_text(json.dumps(report, indent=1))
-    markdown = render_markdown(report, _command_line())
+    markdown = render_markdown(report, command_line())
     if args.json:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
         print(markdown)
     if args.markdown is not None:
-        _append_markdown(args.markdown, markdown)
+        append_markdown(args.markdown, markdown)
         _progress(f"results appended to {args.markdown}")
     return 0

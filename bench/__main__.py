@@ -1,0 +1,102 @@
+"""``python -m bench``: the benchmark harness (results for docs/benchmarks.md).
+
+Run from a checkout with the ``[bench]`` extra installed. ``shoal bench stages`` (one PC's stage timings,
+for choosing a split) is part of the product; everything here compares shoal with other systems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from agent.cli.main import default_cache_dir, quiet_libraries
+from agent.errors import ShoalError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The harness's command line: one subcommand per benchmark."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--cache-dir", type=Path, default=None, help="cache folder (default: platform cache)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+    bench = parser.add_subparsers(dest="bench", required=True)
+    b = bench.add_parser("shards", help="openvino_genai baseline vs 1/2/3 in-process stages, one thread each")
+    b.add_argument("--model", default="smollm2", help="SOURCE to benchmark (default smollm2)")
+    b.add_argument("--runs", type=int, default=5)
+    b.add_argument("--tokens", type=int, default=128)
+    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
+    b.add_argument("--configs", default=None, help="comma-separated subset of mono,1-stage,2-stage,3-stage")
+    b.add_argument("--core", type=int, default=None, help="CPU core every run is pinned to (default: the last)")
+    b.add_argument("--prompt", default=None, help="user message (default: a fixed coding question)")
+    b.add_argument(
+        "--warmup-tokens", type=int, default=None, help="untimed tokens right before each run (default: --tokens)"
+    )
+    b.add_argument(
+        "--min-cpu-share",
+        type=float,
+        default=None,
+        help="repeat a run whose CPU time / wall time falls below this (default 0.95; 0 never)",
+    )
+    b.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="before each run, wait up to SECONDS for the other cores to be idle (default 0)",
+    )
+    b.add_argument(
+        "--resident-workers",
+        action="store_true",
+        help="one process per configuration serving all its runs, instead of a fresh one per run",
+    )
+    b = bench.add_parser(
+        "ring", help="the ring of one-thread agents (pp, speculation, 2 users, added latency) vs openvino_genai"
+    )
+    from bench.ring_bench import add_arguments
+
+    add_arguments(b)
+    b = bench.add_parser(
+        "chat",
+        help="a conversation through a chat agent that keeps sessions between turns, "
+        "beside one that starts every turn afresh",
+    )
+    from bench.chat_bench import add_arguments as add_chat_arguments
+
+    add_chat_arguments(b)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one benchmark; a :class:`ShoalError` ends in one line and exit status 1."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    quiet_libraries()
+    cache_dir = args.cache_dir or default_cache_dir()
+    try:
+        if args.bench == "ring":
+            from bench.ring_bench import run_bench_ring
+
+            return run_bench_ring(args, cache_dir)
+        if args.bench == "chat":
+            from bench.chat_bench import run_bench_chat
+
+            return run_bench_chat(args, cache_dir)
+        from bench.shards_bench import run_bench_shards
+
+        return run_bench_shards(args, cache_dir)
+    except ShoalError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
