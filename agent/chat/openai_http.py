@@ -1,4 +1,4 @@
-"""An OpenAI-style HTTP endpoint in front of :class:`~agent.chat.service.ChatService`, for any such client.
+"""An OpenAI-style HTTP endpoint in front of what answers the agent's chats (``ChatAnswerer``), for any such client.
 
 ``POST /v1/chat/completions`` (streamed as server-sent events with ``"stream": true``, else one JSON
 body) and ``GET /v1/models``, on loopback only, authorised by ``Authorization: Bearer TOKEN`` with the
@@ -17,17 +17,14 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import h11
 
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+from agent.chat.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent, ChatRequest
 from agent.chat.watch import ClientWatch
 from agent.errors import ChatProtocolError, HTTPError
 from agent.transport.tasks import OwnedTasks
-
-if TYPE_CHECKING:
-    from agent.chat.service import ChatService
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +44,7 @@ STATUS_OF = {
 class OpenAIEndpoint:
     """Serves one agent's chats over HTTP in the OpenAI chat-completions format."""
 
-    def __init__(self, service: ChatService, listen: tuple[str, int]) -> None:
+    def __init__(self, service: ChatAnswerer, listen: tuple[str, int]) -> None:
         self.service = service
         self._listen = listen
         self._server: asyncio.Server | None = None
@@ -100,7 +97,7 @@ class OpenAIEndpoint:
     ) -> None:
         path = request.target.decode("latin-1").split("?", 1)[0]
         self._authorise(request)
-        model = self.service.server.manifest.source.id
+        model = self.service.model_id
         if request.method == b"GET" and path == "/v1/models":
             await _send_json(
                 connection,

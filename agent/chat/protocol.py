@@ -11,8 +11,9 @@ the edge, before anything reaches the generation loop.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from agent.errors import ChatProtocolError, ShoalError
 from agent.sampling.params import SamplingParams
@@ -168,3 +169,26 @@ def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ChatProtocolError(f"field {name!r} has the wrong type")
     return value
+
+
+class ChatAnswerer(Protocol):
+    """What answers chats, as a front end (the JSON-lines endpoint, the OpenAI-style API, the TUI) sees it."""
+
+    @property
+    def node(self) -> str:
+        """The answering agent's node id (for its log lines)."""
+        ...
+
+    @property
+    def token(self) -> str:
+        """The access token every request must carry."""
+        ...
+
+    @property
+    def model_id(self) -> str:
+        """The model the answers come from."""
+        ...
+
+    def answer(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+        """The events of one answer: ``token`` events, then ``done``; or one ``error``."""
+        ...

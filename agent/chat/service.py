@@ -30,7 +30,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.kept import KeptConversation, KeptConversations
@@ -55,9 +55,6 @@ from agent.node.config import AgentConfig
 from agent.node.server import StageServer
 from agent.runtime.pipeline import PipelineSession
 from agent.transport.tasks import OwnedTasks
-
-if TYPE_CHECKING:
-    from agent.chat.openai_http import OpenAIEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +91,20 @@ class ChatService:
         self._connecting = asyncio.Lock()
         self._listener: asyncio.Server | None = None
         self._endpoint: ChatEndpoint | None = None
-        self._http: OpenAIEndpoint | None = None
         self._answers = OwnedTasks()
         self.answered = 0
         self.replayed = 0
         """Answers' histories replayed into fresh sessions after a lost ring, all told."""
         self.kept = KeptConversations(self.node, config.chat_keep, config.chat_keep_max, server.table.release)
-        server.table.reclaim = self.kept.give_up_place
 
-    async def start(self) -> tuple[str, int]:
-        """Listen on the configured loopback address and write the endpoint file; returns the address."""
+    @property
+    def model_id(self) -> str:
+        """The model these chats are answered by (its source's id, as an OpenAI client lists it)."""
+        return self.server.manifest.source.id
+
+    async def start(self, http_url: str | None = None) -> tuple[str, int]:
+        """Listen on the configured loopback address and write the endpoint file (naming ``http_url``, the
+        OpenAI-style API's base URL, if one serves these chats); returns the address."""
         host, port = self.config.chat  # type: ignore[misc]
         folder = self.config.export_dir / "tokenizer"
         loop = asyncio.get_running_loop()
@@ -111,15 +112,8 @@ class ChatService:
         await loop.run_in_executor(None, self.drafters.prepare)  # a draft model is compiled once, now
         self._listener = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE_BYTES + 1)
         bound = self._listener.sockets[0].getsockname()
-        self._endpoint = ChatEndpoint.new(bound[0], bound[1])
-        if self.config.http is not None:
-            from agent.chat.openai_http import OpenAIEndpoint
-
-            self._http = OpenAIEndpoint(self, self.config.http)
-            http_host, http_port = await self._http.start()
-            self._endpoint = replace(self._endpoint, http=f"http://{http_host}:{http_port}/v1")
+        self._endpoint = replace(ChatEndpoint.new(bound[0], bound[1]), http=http_url)
         self._endpoint.write(self.endpoint_file)
-        self.server.status_sections["chat"] = self.status
         log.info("node=%s chats on %s:%d (endpoint file %s)", self.node, bound[0], bound[1], self.endpoint_file)
         return bound[0], bound[1]
 
@@ -138,8 +132,6 @@ class ChatService:
         """Stop listening, end the answers in progress (their sessions are freed) and leave the ring."""
         if self._listener is not None:
             self._listener.close()
-        if self._http is not None:
-            await self._http.stop()
         await self._answers.cancel_all()
         await self.kept.close_all()
         if self._endpoint is not None:
