@@ -1,7 +1,7 @@
 # The two set-up commands of the README. Each creates .venv and installs everything it needs.
 #   make demo   export SmolLM2-135M-Instruct into 3 stage shards (cached), start a local ring of 3 agents
 #               over mutual TLS and answer a chat prompt through it
-#   make test   run the whole test suite (pytest -m fast for the quick unit tier)
+#   make test   the code checks (ruff, ruff format, mypy, import contracts) and the whole test suite
 # Elsewhere than on a machine with the local CPU wheel of torch, point pip at the CPU index:
 #   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
@@ -31,8 +31,16 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/shoal demo --out $(EXPORT) $(if $(strip $(PROMPT)),--prompt "$(strip $(PROMPT))")
 
+# measured: the fast tier alone covers 55 % of agent/ and shards/ (2026-12-02)
+COVERAGE_FLOOR ?= 55
+
+# The code checks, then the tests with the coverage floor (agents in subprocesses are not counted)
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest --cov=agent --cov=shards --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_FLOOR) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) exports

@@ -7,9 +7,12 @@ once per session, under pytest's session temp folder, through the same code path
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +127,61 @@ def greedy(session: object, prompt_ids: list[int], n: int = 64) -> tuple[list[in
         tokens.append(token)
         logits = step(np.asarray([[token]], dtype=np.int64))[0, -1].copy()
     return tokens, np.stack(all_logits)
+
+
+BLOCKED_LOOP_SECONDS = 0.5
+"""A callback or task step that holds the event loop longer than this fails its test (see ``_loop_watch``)."""
+
+
+class _WatchedLoopPolicy(asyncio.DefaultEventLoopPolicy):
+    """Every new event loop runs in asyncio's debug mode, which logs each step slower than the threshold."""
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        loop = super().new_event_loop()
+        loop.set_debug(True)
+        loop.slow_callback_duration = BLOCKED_LOOP_SECONDS
+        return loop
+
+
+class _SlowStepRecorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.slow: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Executing") and " took " in message:
+            self.slow.append(message)
+
+
+@pytest.fixture(autouse=True)
+def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test whose event loop was blocked (a blocking call on it) or that leaked a thread.
+
+    As python-zeroconf's fixtures do: blocking calls belong in an executor, and a test must stop every
+    thread it starts. Threads of session fixtures (exports, rings) are started before the test body and
+    are left out; only threads the test itself leaves running count.
+    """
+    recorder = _SlowStepRecorder()
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.addHandler(recorder)
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(_WatchedLoopPolicy())
+    before = set(threading.enumerate())
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(previous)
+        asyncio_log.removeHandler(recorder)
+    deadline = time.monotonic() + 2.0
+    leaked = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()]
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.05)
+        leaked = [t for t in leaked if t.is_alive()]
+    problems = []
+    if recorder.slow:
+        problems.append(f"the event loop was blocked: {recorder.slow[0]}")
+    if leaked:
+        problems.append(f"threads left running: {', '.join(t.name for t in leaked)}")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)

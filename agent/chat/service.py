@@ -216,7 +216,10 @@ class ChatService:
         params = request.sampling
         tokenizer = self.tokenizer
         assert tokenizer is not None, "start() first"
-        prompt_ids = tokenizer.encode_chat(request.chat_messages())
+        # tokenizing a long conversation takes milliseconds to seconds: off the event loop
+        prompt_ids = await asyncio.get_running_loop().run_in_executor(
+            None, tokenizer.encode_chat, request.chat_messages()
+        )
         try:
             check_prompt(prompt_ids, request.max_tokens, manifest.context_tokens)
         except PromptTooLongError as exc:
@@ -374,7 +377,11 @@ class ChatService:
         work takes on this agent's core."""
         params = request.sampling
         if self._holds_all:
-            session = PipelineSession([stage.new_session() for stage in self.server.stages])
+            loop = asyncio.get_running_loop()
+            sessions = await loop.run_in_executor(
+                self.server.executor, lambda: [s.new_session() for s in self.server.stages]
+            )
+            session = PipelineSession(sessions)
             target: Target = LocalTarget(session, params, self.server.executor)
             turn = None
         else:

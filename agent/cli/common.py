@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
-from agent.errors import FleetError
+from agent.errors import FleetError, MissingExtraError
 from agent.runtime.config import REWINDS
 
 REWIND_CHOICES = REWINDS
@@ -43,3 +44,18 @@ def core_list(text: str) -> list[int]:
     if not cores or any(core < 0 for core in cores):
         raise argparse.ArgumentTypeError(f"{text!r} names no core")
     return cores
+
+
+EXPORT_MODULES = ("torch", "nncf", "optimum.intel", "gguf")
+"""What ``shoal export`` imports beyond a donor's install (the ``export`` extra)."""
+
+
+def require_extra(what: str, extra: str, modules: tuple[str, ...]) -> None:
+    """Raise :class:`MissingExtraError` naming the extra to install when one of ``modules`` is missing."""
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # a missing parent package of a dotted name
+            found = False
+        if not found:
+            raise MissingExtraError(what, extra, name)

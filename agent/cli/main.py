@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from agent.cli.common import REWIND_CHOICES, REWIND_HELP, layer_counts
+from agent.cli.common import EXPORT_MODULES, REWIND_CHOICES, REWIND_HELP, layer_counts, require_extra
 from agent.errors import ShoalError
 from agent.head.drafters import DRAFTERS
 
@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = args.cache_dir or default_cache_dir()
     try:
         if args.command == "export":
+            require_extra("shoal export", "export", EXPORT_MODULES)
             from agent.cli.export_cmd import run_export
 
             return run_export(args, cache_dir)
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_generate(args, cache_dir, default_data_dir())
         if args.command == "demo":
+            require_extra("shoal demo (it exports the demo model)", "export", EXPORT_MODULES)
             from agent.cli.demo_cmd import DEFAULT_PROMPT, run_demo
 
             args.prompt = args.prompt or DEFAULT_PROMPT

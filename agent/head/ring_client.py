@@ -142,19 +142,26 @@ class RingClient:
         died and came back (or its replacement at the same address) serves the next answer."""
         if self.failure is not None:
             await self.reconnect(timeout)
-        return self.session(params)
+        # the local stages' infer requests are made on the compute thread, not on the event loop
+        local = await asyncio.get_running_loop().run_in_executor(
+            self._executor, lambda: [s.new_session() for s in self.local_stages]
+        )
+        return self.session(params, local)
 
     @property
     def open_sessions(self) -> int:
         """This head's sessions on the ring that have not been closed."""
         return len(self._sessions)
 
-    def session(self, params: SamplingParams) -> RingSession:
+    def session(self, params: SamplingParams, local: list[StageSession] | None = None) -> RingSession:
         """A new conversation (its state on the stages is created by the first step); on a lost ring its
-        first step fails with the loss (``open_session`` reconnects instead)."""
+        first step fails with the loss (``open_session`` reconnects instead). ``local``: the sessions of this
+        head's own stages, made here when not given (a blocking call: on an event loop use ``open_session``)."""
         if self._first is None:
             raise RingError("connect() first")
-        session = RingSession(self, secrets.randbits(63) or 1, params)
+        if local is None:
+            local = [s.new_session() for s in self.local_stages]
+        session = RingSession(self, secrets.randbits(63) or 1, params, local)
         self._sessions[session.id] = session
         return session
 
@@ -224,11 +231,11 @@ def _error(report: ErrorReport) -> RingError:
 class RingSession:
     """One conversation driven around the ring; a :class:`~agent.head.targets.Target`."""
 
-    def __init__(self, client: RingClient, session_id: int, params: SamplingParams) -> None:
+    def __init__(self, client: RingClient, session_id: int, params: SamplingParams, local: list[StageSession]) -> None:
         self.client = client
         self.id = session_id
         self.params = params
-        self._local: list[StageSession] = [s.new_session() for s in client.local_stages]
+        self._local = local
         self._opened = False
         self._closed = False
         self._step = 0

@@ -53,13 +53,15 @@ def launch_agent(
     log_path: Path | None = None,
     timeout: float = 180.0,
     wrapper: list[str] | None = None,
+    python: str = sys.executable,
 ) -> LocalAgent:
     """Start one agent and wait for its ready line (it has verified and compiled its stage).
 
-    ``wrapper``: a command the agent runs under, e.g. ``ip netns exec NS`` for an agent in a network namespace."""
+    ``wrapper``: a command the agent runs under, e.g. ``ip netns exec NS`` for an agent in a network namespace.
+    ``python``: the interpreter of the shoal install to run (another virtualenv's, say)."""
     command = [
         *(wrapper or []),
-        sys.executable,
+        python,
         "-m",
         "agent.cli.main",
         "--cache-dir",
@@ -108,6 +110,7 @@ def launch_ring(
     cores: list[int | None] | None = None,
     log_dir: Path | None = None,
     chat_file: Path | None = None,
+    python: str = sys.executable,
 ) -> list[LocalAgent]:
     """One agent per stage on loopback, started last stage first so that each knows its successor's port.
 
@@ -130,6 +133,7 @@ def launch_ring(
                 extra_args=args,
                 core=None if cores is None else cores[stage],
                 log_path=None if log_dir is None else log_dir / f"agent-{stage}.log",
+                python=python,
             )
             agents.insert(0, agent)
             next_address = agent.address
