@@ -13,7 +13,7 @@ from agent.sampling.params import Sampler, SamplingParams
 
 
 class LogitsSession(Protocol):
-    def step(self, token_ids: np.ndarray) -> np.ndarray: ...
+    def step(self, token_ids: np.ndarray, last_only: bool = False) -> np.ndarray: ...
 
 
 def generate(

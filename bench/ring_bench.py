@@ -931,7 +931,7 @@ class Ring:
             for stage_session in session._local:
                 stage_session._request = TimedRequest(stage_session._request)
                 self.local_sessions.append(stage_session)
-        drafters = [None] * users
+        drafters: list[Any] = [None] * users
         if drafter_kind is not None:
             drafters = self.drafters[drafter_kind][:users]
             for drafter in drafters:
@@ -1445,8 +1445,8 @@ def build_report(raw: dict[str, Any]) -> dict[str, Any]:
             "layers": setup.get("layers"),
             "prompt_tokens": setup.get("prompt_tokens"),
             # drafter / pilot: those of the first latency, as reports had them before per-latency pilots
-            "drafter": drafters.get(first_piloted),
-            "pilot": pilots.get(first_piloted, {}),
+            "drafter": drafters.get(first_piloted or ""),
+            "pilot": pilots.get(first_piloted or "", {}),
             "drafters": drafters,
             "pilots": pilots,
             "cells": cells,

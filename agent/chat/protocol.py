@@ -11,7 +11,7 @@ the edge, before anything reaches the generation loop.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -189,6 +189,6 @@ class ChatAnswerer(Protocol):
         """The model the answers come from."""
         ...
 
-    def answer(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+    def answer(self, request: ChatRequest) -> AsyncGenerator[ChatEvent, None]:
         """The events of one answer: ``token`` events, then ``done``; or one ``error``."""
         ...

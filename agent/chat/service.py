@@ -27,7 +27,7 @@ import logging
 import secrets
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -112,7 +112,7 @@ class ChatService:
         await loop.run_in_executor(None, self.drafters.prepare)  # a draft model is compiled once, now
         self._listener = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE_BYTES + 1)
         bound = self._listener.sockets[0].getsockname()
-        self._endpoint = replace(ChatEndpoint.new(bound[0], bound[1]), http=http_url)
+        self._endpoint = replace(ChatEndpoint.new(bound[0], bound[1]), http=http_url or "")
         self._endpoint.write(self.endpoint_file)
         log.info("node=%s chats on %s:%d (endpoint file %s)", self.node, bound[0], bound[1], self.endpoint_file)
         return bound[0], bound[1]
@@ -210,7 +210,7 @@ class ChatService:
         return request
 
     # -- one answer ----------------------------------------------------------------------------
-    async def answer(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+    async def answer(self, request: ChatRequest) -> AsyncGenerator[ChatEvent, None]:
         """The events of one answer: a ``token`` per generated token, then ``done``; or an ``error``."""
         manifest = self.server.manifest
         params = request.sampling
@@ -302,7 +302,7 @@ class ChatService:
         request: ChatRequest,
         stats: DecodeStats,
         tally: AnswerTally,
-    ) -> AsyncIterator[ChatEvent]:
+    ) -> AsyncGenerator[ChatEvent, None]:
         """The token events of one answer, which survives two failures without the user losing it:
 
         - a kept session that a stage evicted (it gave the place to a new session) as this turn took it over
@@ -419,8 +419,11 @@ class ChatService:
         first = config.next if self._holds_first else config.ring_first
         if self.server.is_last:
             host, port = self.server.address
-            last = ("127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host, port)
+            last: tuple[str, int] | None = (
+                "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host,
+                port,
+            )
         else:
             last = config.ring_last or config.next
-        assert first is not None and last is not None
+        assert first is not None and last is not None  # AgentConfig refuses a chat agent without them
         return first, last

@@ -42,7 +42,9 @@ def run_ask(args: argparse.Namespace, data_dir: Path) -> int:
         history = (*asked, ("assistant", answer.getvalue().rstrip("\n")))
 
 
-def _turn(endpoint: ChatEndpoint, args: argparse.Namespace, messages: tuple[tuple[str, str], ...], out: TextIO) -> None:
+def _turn(
+    endpoint: ChatEndpoint, args: argparse.Namespace, messages: tuple[tuple[str, str], ...], out: TextIO | _Tee
+) -> None:
     request = ChatRequest(
         token=endpoint.token,
         messages=messages,
@@ -86,7 +88,7 @@ class _Tee(io.TextIOBase):
             out.flush()
 
 
-async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO = sys.stdout) -> ChatEvent:
+async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO | _Tee = sys.stdout) -> ChatEvent:
     """Write the answer's text to ``out`` as it comes; returns the ``done`` event, raises on an error."""
     async for event in ask(endpoint, request):
         if event.event == "token":

@@ -79,7 +79,8 @@ async def _show_status(addresses: list[tuple[str, int]], identity_dir: Path) -> 
             if isinstance(chat, dict)
             else ""
         )
-        open_, parked = len(s["sessions"]), int(s.get("parked", 0))  # type: ignore[arg-type]
+        parked_value = s.get("parked", 0)
+        open_, parked = len(s["sessions"]), parked_value if isinstance(parked_value, int) else 0  # type: ignore[arg-type]
         held = f"{open_} session{'s' if open_ != 1 else ''} open" + (f" ({parked} parked)" if parked else "")
         print(
             f"  {s['node']}: layers {layers[0]}-{layers[1] - 1}, {s['steps_served']} steps, "  # type: ignore[index]

@@ -30,7 +30,7 @@ import contextlib
 import functools
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -107,7 +107,7 @@ async def decode(
     belief_stop: bool = True,
     draft_ahead: bool = False,
     clock: Callable[[], float] = time.perf_counter,
-) -> AsyncIterator[int]:
+) -> AsyncGenerator[int, None]:
     """Yield completion tokens; stops at a stop token (not yielded) or after ``max_tokens``.
 
     ``depth``: steps of this session in flight at once. Above 1, while a step's drafts are being
@@ -193,9 +193,9 @@ async def decode(
         if by_belief:
             draft = await loop.run_in_executor(
                 executor,
-                drafter.propose,
+                drafter.propose,  # type: ignore[arg-type]  # a belief drafter's propose takes the floor and stop too
                 list(known),
-                k + lead,  # type: ignore[call-arg]
+                k + lead,
                 policy.belief_floor(),
                 stop,
             )

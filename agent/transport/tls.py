@@ -12,6 +12,7 @@ admission.
 from __future__ import annotations
 
 import ssl
+from typing import cast
 
 from agent.errors import FleetError
 from agent.fleet.authority import NodeIdentity
@@ -54,7 +55,8 @@ def peer_name(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
         return None
     if not cert:
         return None
-    for rdn in cert.get("subject", ()):
+    subject = cast(tuple[tuple[tuple[str, str], ...], ...], cert.get("subject", ()))
+    for rdn in subject:
         for key, value in rdn:
             if key == "commonName":
                 return str(value)

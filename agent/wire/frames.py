@@ -117,8 +117,12 @@ class Frame:
         array = np.ascontiguousarray(array)
         dtype = DType.of(array)
         return cls(
-            type, dtype=dtype, shape=tuple(int(d) for d in array.shape), payload=memoryview(array).cast("B"), **fields
-        )  # type: ignore[arg-type]
+            type,
+            dtype=dtype,
+            shape=tuple(int(d) for d in array.shape),
+            payload=memoryview(array).cast("B"),  # type: ignore[arg-type]  # numpy arrays are buffers
+            **fields,  # type: ignore[arg-type]  # flags travel as their int value
+        )
 
     @classmethod
     def message(cls, type: FrameType, body: bytes, **fields: int) -> Frame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from agent.errors import RemoteProtocolError, ShoalError
 from agent.sampling.params import SamplingParams
@@ -66,7 +66,9 @@ def _checked(owner: str, name: str, annotation: str, value: Any) -> Any:
     bad_bool = isinstance(value, bool) and bool not in allowed
     if bad_bool or not isinstance(value, allowed):
         raise RemoteProtocolError(f"{owner}: field {name!r} must be {annotation}, got {type(value).__name__}")
-    if annotation == "list[int]" and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if annotation == "list[int]" and not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in cast(list[Any], value)
+    ):
         raise RemoteProtocolError(f"{owner}: field {name!r} must be a list of integers")
     return value
 

@@ -11,7 +11,7 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gguf
 import numpy as np
@@ -71,7 +71,7 @@ class GgufCheckpoint:
         name = self._field("general.name") or ""
         if arch == "llama" and "mistral" in name.lower():
             model_type = "mistral"
-        mapping = GGUF_CONFIG_MAPPING.get(arch)
+        mapping = cast("dict[str, str | None] | None", GGUF_CONFIG_MAPPING.get(arch))  # untyped in transformers
         if mapping is None or model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{self.path.name}: unsupported architecture {arch!r}: shoal exports {SUPPORTED_NAMES}"
