@@ -31,8 +31,8 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/shoal demo --out $(EXPORT) $(if $(strip $(PROMPT)),--prompt "$(strip $(PROMPT))")
 
-# measured: the fast tier alone covers 55 % of agent/ and shards/ (2026-12-02)
-COVERAGE_FLOOR ?= 55
+# measured 2026-12-02 on a fresh clone: the whole suite covers 74 % of agent/ and shards/ (the fast tier alone 55 %)
+COVERAGE_FLOOR ?= 72
 
 # The code checks, then the tests with the coverage floor (agents in subprocesses are not counted)
 test: setup
