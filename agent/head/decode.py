@@ -33,12 +33,13 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.chat import check_prompt
-from agent.head.drafters import Draft, Drafter, HybridDrafter
+from agent.head.drafters import BeliefDrafter, Draft, Drafter, HybridDrafter
 from agent.head.speculative import Verdict, verify_greedy, verify_sampled
 from agent.head.targets import Target
 from agent.head.turn import HeadTurn
@@ -191,9 +192,10 @@ async def decode(
         if k <= 0:
             return Draft([]), k
         if by_belief:
+            believer = cast(BeliefDrafter, drafter)  # by_belief: drafter.stops_on_belief, so a BeliefDrafter
             draft = await loop.run_in_executor(
                 executor,
-                drafter.propose,  # type: ignore[arg-type]  # a belief drafter's propose takes the floor and stop too
+                believer.propose,
                 list(known),
                 k + lead,
                 policy.belief_floor(),

@@ -34,6 +34,7 @@ from agent.sampling.readout import StepOutput
 from agent.transport.connection import FrameConnection, dial, expect
 from agent.wire import Frame, FrameType, StepFlags
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
+from agent.wire.frames import FrameFields
 from agent.wire.messages import ErrorReport, Hello, SessionOpen, parse
 from agent.wire.result import parse_result
 from shards.manifest import Manifest
@@ -306,7 +307,7 @@ class RingSession:
         if position < 0:
             raise RingError(f"cannot rewind {rewind} of {self._logical} positions")
         step = self._step
-        fields = {
+        fields: FrameFields = {
             "session": self.id,
             "step": step,
             "position": position,

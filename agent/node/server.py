@@ -35,6 +35,7 @@ from agent.transport.connection import FrameConnection, expect
 from agent.transport.sockets import tune_socket
 from agent.transport.tasks import OwnedTasks
 from agent.wire import Frame, FrameType, StepFlags
+from agent.wire.frames import FrameFields
 from agent.wire.messages import ErrorReport, Hello, SessionOpen, parse
 from agent.wire.result import result_frame
 from shards.manifest import Manifest
@@ -337,17 +338,18 @@ class StageServer:
         last_only = bool(frame.flags & StepFlags.LAST_ONLY)
         for session in state.stages:
             x = session.step(x, positions, last_only=last_only)
-        fields = {
+        fields: FrameFields = {
             "session": frame.session,
             "step": frame.step,
             "position": frame.position,
             "count": frame.count,
             "rewind": frame.rewind,
+            "flags": frame.flags,
         }
         if self.is_last:
             return result_frame(read_out(x, state.open.sampling, last_only=last_only), frame.session, frame.step)
         wire = np.array(x, dtype=self._wire_dtype)  # a copy: x is reused
-        return Frame.tensor(FrameType.STEP, wire, flags=frame.flags, **fields)
+        return Frame.tensor(FrameType.STEP, wire, **fields)
 
     async def _park(self, frame: Frame) -> None:
         """The session waits for its next turn: it may be evicted when a new session needs its place."""

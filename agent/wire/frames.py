@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -96,6 +97,17 @@ _NUMPY = {
 }
 
 
+class FrameFields(TypedDict, total=False):
+    """The header fields :meth:`Frame.tensor` and :meth:`Frame.message` take besides the payload."""
+
+    session: int
+    step: int
+    position: int
+    count: int
+    rewind: int
+    flags: StepFlags
+
+
 @dataclass(frozen=True)
 class Frame:
     """One message on the wire. ``payload`` is raw bytes; :meth:`array` views it as a tensor."""
@@ -112,7 +124,7 @@ class Frame:
     payload: bytes | memoryview = field(default=b"", repr=False)
 
     @classmethod
-    def tensor(cls, type: FrameType, array: np.ndarray, **fields: int) -> Frame:
+    def tensor(cls, type: FrameType, array: np.ndarray, **fields: Unpack[FrameFields]) -> Frame:
         """A frame carrying ``array`` (C-contiguous, little-endian) as its payload."""
         array = np.ascontiguousarray(array)
         dtype = DType.of(array)
@@ -120,14 +132,15 @@ class Frame:
             type,
             dtype=dtype,
             shape=tuple(int(d) for d in array.shape),
-            payload=memoryview(array).cast("B"),  # type: ignore[arg-type]  # numpy arrays are buffers
-            **fields,  # type: ignore[arg-type]  # flags travel as their int value
+            # numpy's stubs do not declare ndarray.__buffer__, though every ndarray supports the buffer protocol
+            payload=memoryview(array).cast("B"),  # type: ignore[arg-type]
+            **fields,
         )
 
     @classmethod
-    def message(cls, type: FrameType, body: bytes, **fields: int) -> Frame:
+    def message(cls, type: FrameType, body: bytes, **fields: Unpack[FrameFields]) -> Frame:
         """A frame carrying opaque bytes (a JSON message or a packed structure)."""
-        return cls(type, dtype=DType.BYTES, shape=(len(body),), payload=body, **fields)  # type: ignore[arg-type]
+        return cls(type, dtype=DType.BYTES, shape=(len(body),), payload=body, **fields)
 
     def array(self) -> np.ndarray:
         """The payload as a numpy array of ``shape`` (a read-only view, no copy)."""
