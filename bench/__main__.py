@@ -11,8 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from agent.cli.main import default_cache_dir, quiet_libraries
-from agent.errors import ShoalError
+from agent.cli.main import configure_logging, default_cache_dir, run_reporting_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,31 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one benchmark; a :class:`ShoalError` ends in one line and exit status 1."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    quiet_libraries()
+    configure_logging(logging.DEBUG if args.verbose else logging.WARNING)
     cache_dir = args.cache_dir or default_cache_dir()
-    try:
-        if args.bench == "ring":
-            from bench.ring_bench import run_bench_ring
+    return run_reporting_errors("bench", lambda: _run_bench(args, cache_dir))
 
-            return run_bench_ring(args, cache_dir)
-        if args.bench == "chat":
-            from bench.chat_bench import run_bench_chat
 
-            return run_bench_chat(args, cache_dir)
-        from bench.shards_bench import run_bench_shards
+def _run_bench(args: argparse.Namespace, cache_dir: Path) -> int:
+    if args.bench == "ring":
+        from bench.ring_bench import run_bench_ring
 
-        return run_bench_shards(args, cache_dir)
-    except ShoalError as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench: interrupted", file=sys.stderr)
-        return 130
+        return run_bench_ring(args, cache_dir)
+    if args.bench == "chat":
+        from bench.chat_bench import run_bench_chat
+
+        return run_bench_chat(args, cache_dir)
+    from bench.shards_bench import run_bench_shards
+
+    return run_bench_shards(args, cache_dir)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.cli.common import REWIND_CHOICES, core_list, layer_counts
+from agent.cli.common import core_list, layer_counts
+from agent.runtime.config import REWINDS
 from bench import BenchError, select_configs
 from bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
 from bench.shards_bench import append_markdown, command_line, describe_machine, rotation, slug
@@ -356,7 +357,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     )
     b.add_argument(
         "--rewind",
-        choices=REWIND_CHOICES,
+        choices=REWINDS,
         default="auto",
         help="how the head and the agents forget rejected drafts (as `shoal agent --rewind`)",
     )

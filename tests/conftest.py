@@ -175,7 +175,9 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
         asyncio.set_event_loop_policy(previous)
         asyncio_log.removeHandler(recorder)
     deadline = time.monotonic() + 2.0
-    leaked = [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive() and check_threads]
+    leaked = (
+        [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()] if check_threads else []
+    )
     while leaked and time.monotonic() < deadline:
         time.sleep(0.05)
         leaked = [t for t in leaked if t.is_alive()]

@@ -54,6 +54,7 @@ from agent.head.targets import LocalTarget, Target
 from agent.node.config import AgentConfig
 from agent.node.server import StageServer
 from agent.runtime.pipeline import PipelineSession
+from agent.runtime.stage import new_sessions
 from agent.transport.tasks import OwnedTasks
 
 log = logging.getLogger(__name__)
@@ -378,10 +379,9 @@ class ChatService:
         params = request.sampling
         if self._holds_all:
             loop = asyncio.get_running_loop()
-            sessions = await loop.run_in_executor(
-                self.server.executor, lambda: [s.new_session() for s in self.server.stages]
+            session = PipelineSession(
+                await loop.run_in_executor(self.server.executor, new_sessions, self.server.stages)
             )
-            session = PipelineSession(sessions)
             target: Target = LocalTarget(session, params, self.server.executor)
             turn = None
         else:

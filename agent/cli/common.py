@@ -7,9 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from agent.errors import FleetError, MissingExtraError
-from agent.runtime.config import REWINDS
 
-REWIND_CHOICES = REWINDS
 REWIND_HELP = (
     "how stages forget rejected drafts: mask them out (free; exact in f32) or cut them out of the KV "
     "cache (a copy; exact on one thread in every precision); auto: cut where that makes speculative "

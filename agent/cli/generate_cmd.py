@@ -83,7 +83,7 @@ async def stream_answer(
     """Answer one chat prompt, writing the text to ``out`` as it comes and a summary line to stderr."""
     loop = asyncio.get_running_loop()
 
-    def prepare() -> tuple[Manifest, ChatTokenizer, list[int], Any]:
+    def prepare() -> tuple[Manifest, ChatTokenizer, list[int], Any, int]:
         # loading, checking and compiling block for seconds: done off the event loop
         manifest = Manifest.load(export_dir)
         tokenizer = ChatTokenizer(export_dir / "tokenizer")
@@ -92,12 +92,11 @@ async def stream_answer(
         if options.verify and local_count:
             manifest.verify(export_dir, graphs=list(manifest.stages[:local_count]))
         drafter = make_drafter(options.drafter, export_dir, manifest, params, config, options.draft_export)
-        return manifest, tokenizer, prompt_ids, drafter
+        return manifest, tokenizer, prompt_ids, drafter, local_count
 
-    manifest, tokenizer, prompt_ids, drafter = await loop.run_in_executor(None, prepare)
+    manifest, tokenizer, prompt_ids, drafter, local_count = await loop.run_in_executor(None, prepare)
     # one thread for everything this PC computes (local stages and the draft), as on a donor PC
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="head")
-    local_count = options.local_stages if options.ring else len(manifest.stages)
     local_graphs = list(manifest.stages[:local_count])
     client = None
     target: Target

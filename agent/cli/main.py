@@ -10,11 +10,13 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from agent.cli.common import EXPORT_MODULES, REWIND_CHOICES, REWIND_HELP, layer_counts, require_extra
+from agent.cli.common import EXPORT_MODULES, REWIND_HELP, layer_counts, require_extra
 from agent.errors import ShoalError
 from agent.head.drafters import DRAFTERS
+from agent.runtime.config import REWINDS
 
 log = logging.getLogger("shoal")
 
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory",
     )
-    p.add_argument("--rewind", choices=REWIND_CHOICES, default="auto", help=REWIND_HELP)
+    p.add_argument("--rewind", choices=REWINDS, default="auto", help=REWIND_HELP)
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
     p.add_argument(
         "--drafter",
@@ -144,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory",
     )
-    p.add_argument("--rewind", choices=REWIND_CHOICES, default=None, help=REWIND_HELP)
+    p.add_argument("--rewind", choices=REWINDS, default=None, help=REWIND_HELP)
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
     p.add_argument(
         "--wire-dtype",
@@ -241,56 +243,66 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO if args.command == "agent" else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    quiet_libraries()
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO if args.command == "agent" else logging.WARNING)
     cache_dir = args.cache_dir or default_cache_dir()
+    return run_reporting_errors("shoal", lambda: _run_command(args, cache_dir))
+
+
+def _run_command(args: argparse.Namespace, cache_dir: Path) -> int:
+    if args.command == "export":
+        require_extra("shoal export", "export", EXPORT_MODULES)
+        from agent.cli.export_cmd import run_export
+
+        return run_export(args, cache_dir)
+    if args.command == "generate":
+        from agent.cli.generate_cmd import run_generate
+
+        return run_generate(args, cache_dir, default_data_dir())
+    if args.command == "demo":
+        require_extra("shoal demo (it exports the demo model)", "export", EXPORT_MODULES)
+        from agent.cli.demo_cmd import DEFAULT_PROMPT, run_demo
+
+        args.prompt = args.prompt or DEFAULT_PROMPT
+        return run_demo(args, cache_dir, default_data_dir())
+    if args.command == "agent":
+        from agent.cli.agent_cmd import run_agent
+
+        return run_agent(args, cache_dir, default_data_dir())
+    if args.command == "ask":
+        from agent.cli.ask_cmd import run_ask
+
+        return run_ask(args, default_data_dir())
+    if args.command == "status":
+        from agent.cli.status_cmd import run_status
+
+        return run_status(args, default_data_dir())
+    if args.command == "fleet":
+        from agent.cli.fleet_cmd import run_fleet
+
+        return run_fleet(args, default_data_dir())
+    if args.command == "bench":
+        from agent.measure.stages import run_bench_stages
+
+        return run_bench_stages(args, cache_dir)
+    return 2
+
+
+def configure_logging(level: int) -> None:
+    """One log line per event on stderr, the ML libraries kept quiet."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    quiet_libraries()
+
+
+def run_reporting_errors(prog: str, job: Callable[[], int]) -> int:
+    """Run ``job``; a :class:`ShoalError` ends in one line ``PROG: error: ...`` and status 1, Ctrl-C in 130."""
     try:
-        if args.command == "export":
-            require_extra("shoal export", "export", EXPORT_MODULES)
-            from agent.cli.export_cmd import run_export
-
-            return run_export(args, cache_dir)
-        if args.command == "generate":
-            from agent.cli.generate_cmd import run_generate
-
-            return run_generate(args, cache_dir, default_data_dir())
-        if args.command == "demo":
-            require_extra("shoal demo (it exports the demo model)", "export", EXPORT_MODULES)
-            from agent.cli.demo_cmd import DEFAULT_PROMPT, run_demo
-
-            args.prompt = args.prompt or DEFAULT_PROMPT
-            return run_demo(args, cache_dir, default_data_dir())
-        if args.command == "agent":
-            from agent.cli.agent_cmd import run_agent
-
-            return run_agent(args, cache_dir, default_data_dir())
-        if args.command == "ask":
-            from agent.cli.ask_cmd import run_ask
-
-            return run_ask(args, default_data_dir())
-        if args.command == "status":
-            from agent.cli.status_cmd import run_status
-
-            return run_status(args, default_data_dir())
-        if args.command == "fleet":
-            from agent.cli.fleet_cmd import run_fleet
-
-            return run_fleet(args, default_data_dir())
-        if args.command == "bench":
-            from agent.measure.stages import run_bench_stages
-
-            return run_bench_stages(args, cache_dir)
+        return job()
     except ShoalError as exc:
-        print(f"shoal: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("shoal: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    return 2
 
 
 def quiet_libraries() -> None:

@@ -28,7 +28,7 @@ from agent.errors import (
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
 from agent.runtime.session import StageSession
-from agent.runtime.stage import CompiledStage, wire_numpy_dtype
+from agent.runtime.stage import CompiledStage, new_sessions, wire_numpy_dtype
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput
 from agent.transport.connection import FrameConnection, dial, expect
@@ -144,9 +144,7 @@ class RingClient:
         if self.failure is not None:
             await self.reconnect(timeout)
         # the local stages' infer requests are made on the compute thread, not on the event loop
-        local = await asyncio.get_running_loop().run_in_executor(
-            self._executor, lambda: [s.new_session() for s in self.local_stages]
-        )
+        local = await asyncio.get_running_loop().run_in_executor(self._executor, new_sessions, self.local_stages)
         return self.session(params, local)
 
     @property
@@ -161,7 +159,7 @@ class RingClient:
         if self._first is None:
             raise RingError("connect() first")
         if local is None:
-            local = [s.new_session() for s in self.local_stages]
+            local = new_sessions(self.local_stages)
         session = RingSession(self, secrets.randbits(63) or 1, params, local)
         self._sessions[session.id] = session
         return session

@@ -105,7 +105,7 @@ def time_stages(export: Path, threads: int, prompt_tokens: int, tokens: int, cac
     import numpy as np
 
     from agent.runtime.config import RuntimeConfig
-    from agent.runtime.stage import CompiledStage
+    from agent.runtime.stage import CompiledStage, new_sessions
     from shards.export.split import StageCostModel
     from shards.manifest import Manifest
 
@@ -113,7 +113,7 @@ def time_stages(export: Path, threads: int, prompt_tokens: int, tokens: int, cac
     _check_context(manifest.context_tokens, prompt_tokens, tokens)
     config = RuntimeConfig(device="CPU", threads=threads, cache_dir=cache_dir / "ov-cache")
     stages = [CompiledStage(export, entry, manifest.weights, config) for entry in manifest.stages]
-    sessions = [stage.new_session() for stage in stages]
+    sessions = new_sessions(stages)
     x: Any = np.arange(100, 100 + prompt_tokens, dtype=np.int64)[None]
     for session in sessions:
         x = session.step(x, last_only=True)

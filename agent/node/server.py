@@ -29,7 +29,7 @@ from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolErro
 from agent.node.config import AgentConfig
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.successor import SuccessorLink
-from agent.runtime.stage import CompiledStage, wire_numpy_dtype
+from agent.runtime.stage import CompiledStage, new_sessions, wire_numpy_dtype
 from agent.sampling.readout import read_out
 from agent.transport.connection import FrameConnection, expect
 from agent.transport.sockets import tune_socket
@@ -255,7 +255,7 @@ class StageServer:
                 )
             return
         loop = asyncio.get_running_loop()
-        sessions = await loop.run_in_executor(self._executor, lambda: [s.new_session() for s in self.stages])
+        sessions = await loop.run_in_executor(self._executor, new_sessions, self.stages)
         self.table.add(SessionState(frame.session, request, sessions, upstream))
         log.info(
             "node=%s session=%016x opened (head %x, %d/%d sessions)",

@@ -8,7 +8,7 @@ import numpy as np
 
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.session import StageSession
-from agent.runtime.stage import CompiledStage
+from agent.runtime.stage import CompiledStage, new_sessions
 from shards.manifest import Manifest
 
 
@@ -48,4 +48,4 @@ class LocalPipeline:
         self.stages = [CompiledStage(export_dir, g, manifest.weights, config) for g in manifest.stages]
 
     def new_session(self) -> PipelineSession:
-        return PipelineSession([stage.new_session() for stage in self.stages])
+        return PipelineSession(new_sessions(self.stages))

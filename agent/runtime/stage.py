@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -219,3 +220,8 @@ class CompiledStage:
             prefill=prefill,
             compact_rewind=self.compact_rewind,
         )
+
+
+def new_sessions(stages: Sequence[CompiledStage]) -> list[StageSession]:
+    """One fresh session (its own KV state) on each of ``stages``; blocking: infer requests are made here."""
+    return [stage.new_session() for stage in stages]
