@@ -147,7 +147,10 @@ def test_speculative_decoding_is_token_exact(
         try:
             results = []
             for ids in chat_ids:
-                draft = make_drafter(kind, folder, manifest, GREEDY, config, draft_export)
+                # a model drafter compiles its graph: off the event loop, as the agent's chats do
+                draft = await asyncio.get_running_loop().run_in_executor(
+                    None, make_drafter, kind, folder, manifest, GREEDY, config, draft_export
+                )
                 results.append(await _generate(client, ids, drafter=draft, stats=stats, draft_ahead=ahead))
             return results
         finally:
