@@ -19,15 +19,20 @@ import logging
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.errors import ConfigError
 from agent.fleet import NodeIdentity
 from agent.node.config import AgentConfig
 from agent.node.server import StageServer
+from agent.runtime.protocol import Stage
 from agent.runtime.stage import CompiledStage
-from agent.transport.tls import client_context, server_context
+from agent.transport.network import Network, TlsNetwork
 from shards.manifest import Manifest
+
+if TYPE_CHECKING:
+    from agent.head.chat import ChatTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -65,22 +70,25 @@ class Daemon:
     def __init__(
         self,
         config: AgentConfig,
-        identity: NodeIdentity,
+        node: str,
         manifest: Manifest,
-        stages: list[CompiledStage],
+        stages: Sequence[Stage],
+        network: Network,
         parts: Sequence[DaemonPart] = (),
+        *,
+        load_tokenizer: Callable[[Path], ChatTokenizer] | None = None,
     ) -> None:
+        """``network``: how the agent reaches and accepts peers (``TlsNetwork.of(identity)``: see
+        :meth:`build`); ``load_tokenizer``: reads the export's tokenizer (default: ``ChatTokenizer``)."""
         self.config = config
-        self.node = identity.name
-        self.server = StageServer(
-            config, manifest, stages, identity.name, server_context(identity), client_context(identity)
-        )
+        self.node = node
+        self.server = StageServer(config, manifest, stages, node, network)
         self.chats = None
         self.http = None
         if config.chat is not None:
             from agent.chat.service import ChatService
 
-            self.chats = ChatService(config, self.server, client_context(identity))
+            self.chats = ChatService(config, self.server, network, load_tokenizer)
             # a chat kept for its next turn gives its place up to a session that needs it on this agent
             self.server.table.reclaim = self.chats.kept.give_up_place
             self._section("chat", self.chats.status)
@@ -112,7 +120,7 @@ class Daemon:
         stages = await loop.run_in_executor(
             None, lambda: [CompiledStage(config.export_dir, g, manifest.weights, config.runtime) for g in graphs]
         )
-        return cls(config, identity, manifest, stages, parts)
+        return cls(config, identity.name, manifest, stages, TlsNetwork.of(identity), parts)
 
     async def start(self) -> DaemonAddresses:
         """Start every part in order; a part that fails to start stops those already running."""

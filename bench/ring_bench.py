@@ -792,7 +792,7 @@ class Ring:
         from agent.runtime.config import RuntimeConfig
         from agent.runtime.stage import CompiledStage
         from agent.sampling.params import SamplingParams
-        from agent.transport.tls import client_context
+        from agent.transport.network import TlsNetwork
         from shards.manifest import Manifest
 
         identity = issue_node(self.fleet_dir, "head")
@@ -808,7 +808,7 @@ class Ring:
             self.manifest,
             self.proxied[0],
             self.proxied[-1],
-            client_context(identity),
+            TlsNetwork.of(identity),
             identity.name,
             local_stages=[stage0],
             executor=self.executor,

@@ -128,7 +128,7 @@ class ShoalRunner:
 
     def __init__(self, spec: RunSpec) -> None:
         from agent.runtime.config import RuntimeConfig
-        from agent.runtime.pipeline import LocalPipeline
+        from agent.runtime.stage import LocalPipeline
         from shards.manifest import Manifest
 
         self.spec = spec
@@ -142,12 +142,14 @@ class ShoalRunner:
         self.load_s = time.perf_counter() - start
 
     def generate(self, count: int) -> Generation:
+        from agent.runtime.session import StageSession
         from agent.sampling.params import SamplingParams
         from bench.plain_decode import generate
 
         session = self.pipeline.new_session()
         timers = []
         for stage in session.stages:
+            assert isinstance(stage, StageSession)
             # the benchmark's only reach into a session's internals: time its InferRequest
             timer = TimedRequest(stage._request)
             stage._request = timer

@@ -67,7 +67,8 @@ class OpenAIEndpoint:
         watch: ClientWatch | None = None
         try:
             try:
-                request, body = await asyncio.wait_for(_read_request(connection, reader), READ_TIMEOUT)
+                async with asyncio.timeout(READ_TIMEOUT):
+                    request, body = await _read_request(connection, reader)
                 watch = ClientWatch.start(reader)  # one request per connection: nothing more comes
                 await self._route(connection, writer, request, body)
             except HTTPError as exc:

@@ -25,9 +25,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import ssl
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,8 @@ from agent.head.targets import LocalTarget, Target
 from agent.node.config import AgentConfig
 from agent.node.server import StageServer
 from agent.runtime.pipeline import PipelineSession
-from agent.runtime.stage import new_sessions
+from agent.runtime.protocol import new_sessions
+from agent.transport.network import Network
 from agent.transport.tasks import OwnedTasks
 
 log = logging.getLogger(__name__)
@@ -78,12 +78,21 @@ class AnswerTally:
 class ChatService:
     """The chat endpoint of one agent, and the head of every conversation it is asked for."""
 
-    def __init__(self, config: AgentConfig, server: StageServer, client_context: ssl.SSLContext) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        server: StageServer,
+        network: Network,
+        load_tokenizer: Callable[[Path], ChatTokenizer] | None = None,
+    ) -> None:
+        """``network``: how this head reaches the ring's stages; ``load_tokenizer``: reads the export's
+        tokenizer folder (default ``ChatTokenizer``; the middle test tier gives a toy one)."""
         assert config.chat is not None and config.chat_file is not None
         self.config = config
         self.server = server
         self.node = server.node
-        self._context = client_context
+        self._network = network
+        self._load_tokenizer = load_tokenizer or ChatTokenizer
         self.tokenizer: ChatTokenizer | None = None  # loaded by start(), off the event loop
         self.drafters = DrafterFactory(config.drafter, config.export_dir, server.manifest, config.runtime)
         self._holds_all = len(server.stages) == len(server.manifest.stages)
@@ -109,7 +118,7 @@ class ChatService:
         host, port = self.config.chat  # type: ignore[misc]
         folder = self.config.export_dir / "tokenizer"
         loop = asyncio.get_running_loop()
-        self.tokenizer = await loop.run_in_executor(None, ChatTokenizer, folder)
+        self.tokenizer = await loop.run_in_executor(None, self._load_tokenizer, folder)
         await loop.run_in_executor(None, self.drafters.prepare)  # a draft model is compiled once, now
         self._listener = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE_BYTES + 1)
         bound = self._listener.sockets[0].getsockname()
@@ -199,7 +208,8 @@ class ChatService:
 
     async def _read_request(self, reader: asyncio.StreamReader) -> ChatRequest:
         try:
-            line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT)
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                line = await reader.readline()
         except TimeoutError as exc:
             raise ChatProtocolError(f"no request within {REQUEST_TIMEOUT:.0f} s") from exc
         except ValueError as exc:  # the stream's limit: a line over MAX_LINE_BYTES
@@ -402,7 +412,7 @@ class ChatService:
                     self.server.manifest,
                     first,
                     last,
-                    self._context,
+                    self._network,
                     self.node,
                     local_stages=local,
                     executor=self.server.executor,

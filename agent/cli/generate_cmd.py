@@ -17,8 +17,7 @@ from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import make_drafter
 from agent.head.targets import LocalTarget, Target
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline
-from agent.runtime.stage import CompiledStage
+from agent.runtime.stage import CompiledStage, LocalPipeline
 from agent.sampling.params import SamplingParams
 from shards.manifest import Manifest
 
@@ -107,7 +106,7 @@ async def stream_answer(
     else:
         from agent.fleet import NodeIdentity
         from agent.head.ring_client import RingClient
-        from agent.transport.tls import client_context
+        from agent.transport.network import TlsNetwork
 
         assert options.identity_dir is not None
         identity = NodeIdentity.load(options.identity_dir)
@@ -118,7 +117,7 @@ async def stream_answer(
             manifest,
             options.ring[0],
             options.ring[-1],
-            client_context(identity),
+            TlsNetwork.of(identity),
             identity.name,
             local_stages=local,
             executor=executor,

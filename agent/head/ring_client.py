@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import ssl
 import time
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -27,11 +27,11 @@ from agent.errors import (
 )
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
-from agent.runtime.session import StageSession
-from agent.runtime.stage import CompiledStage, new_sessions, wire_numpy_dtype
+from agent.runtime.protocol import KVSession, Stage, new_sessions, wire_numpy_dtype
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput
-from agent.transport.connection import FrameConnection, dial, expect
+from agent.transport.connection import FrameConnection, expect
+from agent.transport.network import Network
 from agent.wire import Frame, FrameType, StepFlags
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 from agent.wire.frames import FrameFields
@@ -50,10 +50,10 @@ class RingClient:
         manifest: Manifest,
         first: tuple[str, int],
         last: tuple[str, int],
-        context: ssl.SSLContext,
+        network: Network,
         node: str,
         *,
-        local_stages: list[CompiledStage] | None = None,
+        local_stages: Sequence[Stage] = (),
         executor: Executor | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         wire_dtype: str = "auto",
@@ -61,9 +61,9 @@ class RingClient:
         self.manifest = manifest
         self.first_address = first
         self.last_address = last
-        self._context = context
+        self._network = network
         self.node = node
-        self.local_stages = local_stages or []
+        self.local_stages = list(local_stages)
         if self.local_stages and self.local_stages[-1].graph.head:
             raise RingError("the head holds every stage: use the in-process pipeline instead of a ring")
         self._executor = executor
@@ -112,8 +112,8 @@ class RingClient:
         delay = 0.1
         while True:
             try:
-                connection = await dial(
-                    *address, self._context, max_payload=self._max_payload, label=f"{what} {address[0]}:{address[1]}"
+                connection = await self._network.dial(
+                    address, max_payload=self._max_payload, label=f"{what} {address[0]}:{address[1]}"
                 )
                 await connection.send(hello.to_frame())
                 peer = parse(await expect(connection, FrameType.HELLO, 10.0), Hello)
@@ -152,7 +152,7 @@ class RingClient:
         """This head's sessions on the ring that have not been closed."""
         return len(self._sessions)
 
-    def session(self, params: SamplingParams, local: list[StageSession] | None = None) -> RingSession:
+    def session(self, params: SamplingParams, local: list[KVSession] | None = None) -> RingSession:
         """A new conversation (its state on the stages is created by the first step); on a lost ring its
         first step fails with the loss (``open_session`` reconnects instead). ``local``: the sessions of this
         head's own stages, made here when not given (a blocking call: on an event loop use ``open_session``)."""
@@ -230,7 +230,7 @@ def _error(report: ErrorReport) -> RingError:
 class RingSession:
     """One conversation driven around the ring; a :class:`~agent.head.targets.Target`."""
 
-    def __init__(self, client: RingClient, session_id: int, params: SamplingParams, local: list[StageSession]) -> None:
+    def __init__(self, client: RingClient, session_id: int, params: SamplingParams, local: list[KVSession]) -> None:
         self.client = client
         self.id = session_id
         self.params = params

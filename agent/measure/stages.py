@@ -105,7 +105,8 @@ def time_stages(export: Path, threads: int, prompt_tokens: int, tokens: int, cac
     import numpy as np
 
     from agent.runtime.config import RuntimeConfig
-    from agent.runtime.stage import CompiledStage, new_sessions
+    from agent.runtime.protocol import new_sessions
+    from agent.runtime.stage import CompiledStage
     from shards.export.split import StageCostModel
     from shards.manifest import Manifest
 

@@ -16,9 +16,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +28,10 @@ from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolErro
 from agent.node.config import AgentConfig
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.successor import SuccessorLink
-from agent.runtime.stage import CompiledStage, new_sessions, wire_numpy_dtype
+from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.sampling.readout import read_out
 from agent.transport.connection import FrameConnection, expect
-from agent.transport.sockets import tune_socket
+from agent.transport.network import HANDSHAKE_TIMEOUT, Listener, Network
 from agent.transport.tasks import OwnedTasks
 from agent.wire import Frame, FrameType, StepFlags
 from agent.wire.frames import FrameFields
@@ -41,8 +40,6 @@ from agent.wire.result import result_frame
 from shards.manifest import Manifest
 
 log = logging.getLogger(__name__)
-
-HANDSHAKE_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -53,23 +50,22 @@ class _Work:
 
 
 class StageServer:
-    """Accepts fleet peers over mutual TLS and serves the configured stages."""
+    """Accepts fleet peers (over mutual TLS: ``TlsNetwork``) and serves the configured stages."""
 
     def __init__(
         self,
         config: AgentConfig,
         manifest: Manifest,
-        stages: list[CompiledStage],
+        stages: Sequence[Stage],
         node: str,
-        server_context: ssl.SSLContext,
-        client_context: ssl.SSLContext,
+        network: Network,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.manifest = manifest
         self.stages = stages
         self.node = node
-        self._server_context = server_context
+        self._network = network
         self._clock = clock
         graphs = [s.graph for s in stages]
         self.is_last = graphs[-1].head
@@ -87,7 +83,7 @@ class StageServer:
         self._connections: set[FrameConnection] = set()
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{node}")
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
         self._tasks = OwnedTasks()
         self._started = clock()
         self.address: tuple[str, int] = config.listen
@@ -104,7 +100,7 @@ class StageServer:
                 raise ShoalError(f"stage(s) {config.stages} are not the last: the next stage's address is needed")
             self.successor = SuccessorLink(
                 config.next,
-                client_context,
+                network,
                 self.hello,
                 on_frame=self._from_successor,
                 on_lost=self._successor_lost,
@@ -120,12 +116,11 @@ class StageServer:
     async def start(self) -> tuple[str, int]:
         """Listen, connect to the successor in the background, start the worker; returns the address."""
         host, port = self.config.listen
-        self._server = await asyncio.start_server(self._accept, host, port, limit=1 << 20)
+        self._listener = await self._network.listen((host, port), self._accept, max_payload=self.config.max_payload)
         self._spawn(self._work())
         if self.successor is not None:
             self._spawn(self.successor.run())
-        address = self._server.sockets[0].getsockname()
-        self.address = (address[0], address[1])
+        address = self.address = self._listener.address
         log.info(
             "node=%s serving layers %d-%d on %s:%d%s",
             self.node,
@@ -139,8 +134,8 @@ class StageServer:
 
     async def stop(self) -> None:
         """Leave the ring on purpose: GOODBYE to every peer, so that none mistakes it for a crash."""
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
         for connection in list(self._connections):
             await connection.close(goodbye=True)
         if self.successor is not None:
@@ -152,20 +147,10 @@ class StageServer:
         return self._tasks.spawn(coro)
 
     # -- connections ---------------------------------------------------------------------------
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, connection: FrameConnection) -> None:
+        """Serve one peer that passed the network's handshake (its certificate is of this fleet)."""
         self._tasks.adopt()
-        peer = writer.get_extra_info("peername")
-        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            tune_socket(sock)
-        try:
-            await writer.start_tls(self._server_context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
-        except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
-            log.warning("node=%s refused peer %s: TLS handshake failed: %s", self.node, where, exc)
-            writer.transport.abort()
-            return
-        connection = FrameConnection(reader, writer, max_payload=self.config.max_payload, label=f"peer {where}")
+        where = connection.peer
         self._connections.add(connection)
         hello: Hello | None = None
         try:
@@ -267,7 +252,8 @@ class StageServer:
         )
         if self.successor is not None:
             try:
-                await asyncio.wait_for(self.successor.ready.wait(), HANDSHAKE_TIMEOUT)
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                    await self.successor.ready.wait()
             except TimeoutError as exc:
                 raise _SessionFailure("peer_lost", f"{self.node}: the next stage is not connected") from exc
             await self._forward(frame)

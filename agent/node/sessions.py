@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.runtime.session import StageSession
+from agent.runtime.protocol import KVSession
 from agent.wire.messages import SessionOpen
 
 
@@ -16,7 +16,7 @@ class SessionState:
 
     id: int
     open: SessionOpen
-    stages: list[StageSession]
+    stages: list[KVSession]
     upstream: Any
     """The connection the session arrived on (errors go back there; if it dies, the session ends)."""
     steps: int = 0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import Awaitable, Callable
 
 from agent.errors import PeerRefusedError, PeerUnavailableError, ProtocolError
-from agent.transport.connection import FrameConnection, dial, expect
+from agent.transport.connection import FrameConnection, expect
+from agent.transport.network import Network
 from agent.wire import Frame, FrameType
 from agent.wire.messages import Hello, parse
 
@@ -28,7 +28,7 @@ class SuccessorLink:
     def __init__(
         self,
         address: tuple[str, int],
-        context: ssl.SSLContext,
+        network: Network,
         hello: Hello,
         *,
         on_frame: Callable[[Frame], Awaitable[None]],
@@ -36,7 +36,7 @@ class SuccessorLink:
         max_payload: int,
     ) -> None:
         self.address = address
-        self._context = context
+        self._network = network
         self._hello = hello
         self._on_frame = on_frame
         self._on_lost = on_lost
@@ -62,8 +62,8 @@ class SuccessorLink:
         refused = ""  # the last refusal logged as a warning: repeats of it every backoff go to debug
         while not self._stopping:
             try:
-                connection = await dial(
-                    *self.address, self._context, max_payload=self._max_payload, label=f"next stage {where}"
+                connection = await self._network.dial(
+                    self.address, max_payload=self._max_payload, label=f"next stage {where}"
                 )
             except PeerUnavailableError as exc:
                 # a successor that is not up yet is routine; one that refuses us is news, once per streak

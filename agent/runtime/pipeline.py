@@ -1,21 +1,17 @@
-"""All stages of an export chained in one process: the head's reference pipeline."""
+"""All stages of an export chained in one process: the head's reference pipeline (``LocalPipeline`` in
+``agent.runtime.stage`` compiles them)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from agent.runtime.config import RuntimeConfig
-from agent.runtime.session import StageSession
-from agent.runtime.stage import CompiledStage, new_sessions
-from shards.manifest import Manifest
+from agent.runtime.protocol import KVSession
 
 
 class PipelineSession:
     """One conversation across every stage: token ids in, last-stage logits out."""
 
-    def __init__(self, sessions: list[StageSession]) -> None:
+    def __init__(self, sessions: list[KVSession]) -> None:
         self.stages = sessions
 
     @property
@@ -38,14 +34,3 @@ class PipelineSession:
     def reset(self) -> None:
         for stage in self.stages:
             stage.reset()
-
-
-class LocalPipeline:
-    """Every stage of an export compiled in this process."""
-
-    def __init__(self, export_dir: Path, manifest: Manifest, config: RuntimeConfig) -> None:
-        self.manifest = manifest
-        self.stages = [CompiledStage(export_dir, g, manifest.weights, config) for g in manifest.stages]
-
-    def new_session(self) -> PipelineSession:
-        return PipelineSession(new_sessions(self.stages))

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import openvino as ov
 
 from agent.errors import RuntimeStageError
 from agent.runtime.config import KNOWN_DEVICES, RuntimeConfig
+from agent.runtime.pipeline import PipelineSession
+from agent.runtime.protocol import new_sessions
 from agent.runtime.session import StageSession
-from shards.manifest import LOGITS_INDEX, GraphEntry
+from shards.manifest import LOGITS_INDEX, GraphEntry, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +119,6 @@ def compile_properties(
     return props
 
 
-def wire_numpy_dtype(choice: str, stage: CompiledStage) -> type[np.floating]:
-    """The numpy dtype of hidden states that ``stage`` sends on: ``auto`` (its ``wire_dtype``), ``f32``, ``f16``."""
-    name = stage.wire_dtype if choice == "auto" else choice
-    if name not in ("f32", "f16"):
-        raise ValueError(f"wire dtype must be auto, f32 or f16, not {choice!r}")
-    return np.float16 if name == "f16" else np.float32
-
-
 def _compiled_precision(compiled: ov.CompiledModel) -> str | None:
     """The precision a compiled model computes in (``f32``, ``bf16``, ``f16``), None where the device does
     not say."""
@@ -222,6 +214,12 @@ class CompiledStage:
         )
 
 
-def new_sessions(stages: Sequence[CompiledStage]) -> list[StageSession]:
-    """One fresh session (its own KV state) on each of ``stages``; blocking: infer requests are made here."""
-    return [stage.new_session() for stage in stages]
+class LocalPipeline:
+    """Every stage of an export compiled in this process."""
+
+    def __init__(self, export_dir: Path, manifest: Manifest, config: RuntimeConfig) -> None:
+        self.manifest = manifest
+        self.stages = [CompiledStage(export_dir, g, manifest.weights, config) for g in manifest.stages]
+
+    def new_session(self) -> PipelineSession:
+        return PipelineSession(new_sessions(self.stages))

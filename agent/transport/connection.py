@@ -89,13 +89,15 @@ class FrameConnection:
         if goodbye and not self.closed:
             try:
                 self._writer.writelines(encode_frame(Frame(FrameType.GOODBYE)))
-                await asyncio.wait_for(self._writer.drain(), 2.0)
+                async with asyncio.timeout(2.0):
+                    await self._writer.drain()
             except (ConnectionError, ssl.SSLError, OSError, TimeoutError):
                 pass
         self.closed = True
         self._writer.close()
         with contextlib.suppress(ConnectionError, ssl.SSLError, OSError, TimeoutError):
-            await asyncio.wait_for(self._writer.wait_closed(), 2.0)
+            async with asyncio.timeout(2.0):
+                await self._writer.wait_closed()
 
     def abort(self) -> None:
         """Drop the connection at once (after a protocol violation)."""
@@ -118,9 +120,10 @@ async def dial(
 
     where = label or f"{host}:{port}"
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=context, server_hostname=host, limit=READ_CHUNK), timeout
-        )
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=context, server_hostname=host, limit=READ_CHUNK
+            )
     except ssl.SSLError as exc:  # before OSError, of which it is a subclass
         raise PeerRefusedError(f"refused {where}: TLS handshake failed: {exc}") from exc
     except (ConnectionError, OSError, TimeoutError) as exc:
@@ -134,7 +137,11 @@ async def dial(
 async def expect(connection: FrameConnection, kind: FrameType, timeout: float) -> Frame:
     """The next frame, which must be of ``kind`` (used for the HELLO exchange)."""
     try:
-        frame = await asyncio.wait_for(connection.receive(), timeout)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that lands as
+        # the frame arrives, and a stopping agent then waits forever for a task that never ends (the
+        # middle tier's lost-stage test hung so)
+        async with asyncio.timeout(timeout):
+            frame = await connection.receive()
     except TimeoutError as exc:
         raise PeerUnavailableError(f"{connection.label} did not answer within {timeout:.0f} s") from exc
     if frame.type is not kind:

@@ -7,7 +7,7 @@ import asyncio
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import Drafter
 from agent.head.targets import LocalTarget
-from agent.runtime.pipeline import LocalPipeline
+from agent.runtime.stage import LocalPipeline
 from agent.sampling.params import SamplingParams
 
 GREEDY = SamplingParams()

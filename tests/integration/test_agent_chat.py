@@ -30,7 +30,7 @@ from agent.head.chat import ChatTokenizer
 from agent.head.decode import decode
 from agent.head.targets import LocalTarget
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline
+from agent.runtime.stage import LocalPipeline
 from agent.sampling.params import SamplingParams
 from shards.manifest import Manifest
 from tests.conftest import PROMPTS
@@ -566,7 +566,7 @@ def test_a_full_stage_evicts_a_parked_kept_session_for_a_new_one(
     turn starts afresh with the pipeline's answer. Kept again, the session holds the last place once more,
     and this agent's own new chat evicts it the same way."""
     from agent.head.ring_client import RingClient
-    from agent.transport.tls import client_context
+    from agent.transport.network import TlsNetwork
     from tests.integration.conftest import RING_MAX_SESSIONS
 
     agent, endpoint = chat_agent
@@ -595,7 +595,7 @@ def test_a_full_stage_evicts_a_parked_kept_session_for_a_new_one(
         )
         before = await asyncio.to_thread(evictions)
         client = RingClient(
-            Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity), identity.name
+            Manifest.load(folder), ring3[0].address, ring3[2].address, TlsNetwork.of(identity), identity.name
         )
         await client.connect()
         try:
@@ -648,7 +648,7 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
     proxy) takes its kept session over before the ERROR ``evicted`` reaches it; the resumed step fails
     with it, and the turn starts afresh with the pipeline's answer instead of failing."""
     from agent.head.ring_client import RingClient
-    from agent.transport.tls import client_context
+    from agent.transport.network import TlsNetwork
     from tests.integration.conftest import RING_MAX_SESSIONS
     from tests.support.delay_proxy import DelayProxy
 
@@ -685,7 +685,7 @@ def test_a_kept_session_evicted_as_the_next_turn_takes_it_over_starts_afresh(
                 ],
             )
             client = RingClient(
-                Manifest.load(folder), ring3[0].address, ring3[2].address, client_context(identity), identity.name
+                Manifest.load(folder), ring3[0].address, ring3[2].address, TlsNetwork.of(identity), identity.name
             )
             try:
                 endpoint = ChatEndpoint.load(tmp_path / "chat.json")

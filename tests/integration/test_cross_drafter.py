@@ -14,8 +14,7 @@ from agent.head.drafters import HybridDrafter
 from agent.head.drafting import DrafterFactory, make_drafter
 from agent.head.model_drafter import ModelDrafter
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline
-from agent.runtime.stage import CompiledStage
+from agent.runtime.stage import CompiledStage, LocalPipeline
 from shards.manifest import Manifest
 from tests.integration.local_decode import GREEDY, greedy_tokens
 

@@ -13,7 +13,7 @@ import pytest
 from agent.head.decode import DecodeStats
 from agent.head.drafters import NGramDrafter
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline
+from agent.runtime.stage import LocalPipeline
 from shards.manifest import Manifest
 from tests.integration.local_decode import greedy_tokens
 

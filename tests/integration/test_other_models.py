@@ -10,8 +10,7 @@ import torch
 
 from agent.errors import ExportError
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline
-from agent.runtime.stage import CompiledStage
+from agent.runtime.stage import CompiledStage, LocalPipeline
 from shards.export.exporter import ExportRequest, export
 from shards.manifest import Manifest
 from tests.conftest import greedy

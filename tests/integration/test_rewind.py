@@ -10,7 +10,7 @@ import pytest
 
 from agent.errors import RuntimeStageError
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline, PipelineSession
+from agent.runtime.stage import LocalPipeline, PipelineSession
 from shards.manifest import Manifest
 
 KEPT = [504, 3575]  # two accepted draft tokens

@@ -28,9 +28,9 @@ from agent.head.drafting import make_drafter
 from agent.head.ring_client import RingClient, RingSession
 from agent.head.targets import LocalTarget
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline
+from agent.runtime.stage import LocalPipeline
 from agent.sampling.params import SamplingParams
-from agent.transport.tls import client_context
+from agent.transport.network import TlsNetwork
 from shards.manifest import Manifest
 from tests.conftest import PROMPTS, greedy
 from tests.integration.conftest import RING_MAX_SESSIONS
@@ -42,7 +42,7 @@ N_TOKENS = 64
 
 
 def _client(folder: Path, ring: list[AgentProcess], identity: NodeIdentity) -> RingClient:
-    return RingClient(Manifest.load(folder), ring[0].address, ring[-1].address, client_context(identity), identity.name)
+    return RingClient(Manifest.load(folder), ring[0].address, ring[-1].address, TlsNetwork.of(identity), identity.name)
 
 
 def _decoding(
@@ -468,7 +468,7 @@ def test_head_holding_stage_zero_runs_it_in_process(
             manifest,
             ring3[1].address,
             ring3[2].address,
-            client_context(identity),
+            TlsNetwork.of(identity),
             identity.name,
             local_stages=[stage0],
             executor=ThreadPoolExecutor(1),

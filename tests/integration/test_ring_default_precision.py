@@ -16,7 +16,7 @@ from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import NGramDrafter
 from agent.head.ring_client import RingClient
 from agent.sampling.params import SamplingParams
-from agent.transport.tls import client_context
+from agent.transport.network import TlsNetwork
 from shards.manifest import Manifest
 from tests.integration.ring_lab import AgentProcess, Fleet, status
 
@@ -40,7 +40,7 @@ def test_speculative_greedy_equals_plain_through_a_default_ring(
 
     async def run(speculative: bool, depth: int) -> list[list[int]]:
         client = RingClient(
-            manifest, ring3_int4[0].address, ring3_int4[-1].address, client_context(identity), identity.name
+            manifest, ring3_int4[0].address, ring3_int4[-1].address, TlsNetwork.of(identity), identity.name
         )
         await client.connect()
         try:

@@ -17,7 +17,7 @@ import pytest
 from agent.head import speculative
 from agent.head.speculative import verify_sampled
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline
+from agent.runtime.stage import LocalPipeline
 from agent.sampling.params import SamplingParams, sampling_distribution
 from shards.manifest import Manifest
 from tests.unit.spec_stats import chi_square_pvalue, emitted_token_histograms

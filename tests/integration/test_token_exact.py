@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.pipeline import LocalPipeline
+from agent.runtime.stage import LocalPipeline
 from shards.manifest import Manifest
 from tests.conftest import greedy
 

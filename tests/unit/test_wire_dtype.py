@@ -9,7 +9,8 @@ import openvino as ov
 import pytest
 
 from agent.node.config import load_agent_config
-from agent.runtime.stage import _compiled_precision, wire_numpy_dtype
+from agent.runtime.protocol import wire_numpy_dtype
+from agent.runtime.stage import _compiled_precision
 
 pytestmark = pytest.mark.ring
 

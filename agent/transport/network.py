@@ -1,0 +1,112 @@
+"""How the ring's code reaches its peers: a ``Network`` dials and listens, and hands over frame connections.
+
+The stage server, its link to the next stage and the ring client never open a socket themselves; they are
+given a ``Network``. :class:`TlsNetwork` is the real one: TCP with mutual TLS, every peer's certificate
+checked against the fleet CA before a single frame is read. The middle test tier gives the same code an
+in-memory network instead (``tests/support/memory_network.py``), so the session rules run in
+milliseconds, with the real frame codec and without sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from agent.fleet import NodeIdentity
+from agent.transport.connection import FrameConnection, dial
+from agent.transport.sockets import tune_socket
+from agent.transport.tls import client_context, server_context
+from agent.wire.codec import DEFAULT_MAX_PAYLOAD
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT = 10.0
+"""A peer must finish its TLS handshake within this long after connecting."""
+
+Accept = Callable[[FrameConnection], Awaitable[None]]
+"""Serves one accepted connection until it ends (it runs as that connection's task)."""
+
+
+class Listener(Protocol):
+    """A listening endpoint of a :class:`Network`."""
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where it listens (the bound port, when asked for port 0)."""
+        ...
+
+    def close(self) -> None:
+        """Stop accepting (connections already accepted go on)."""
+        ...
+
+
+class Network(Protocol):
+    """Dials peers and accepts them, as frame connections."""
+
+    async def dial(
+        self, address: tuple[str, int], *, label: str = "", max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: float = 5.0
+    ) -> FrameConnection:
+        """Connect to ``address``; raises ``PeerUnavailableError`` (``PeerRefusedError`` if refused)."""
+        ...
+
+    async def listen(
+        self, address: tuple[str, int], accept: Accept, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    ) -> Listener:
+        """Accept peers at ``address``, each connection served by ``accept`` in a task of its own."""
+        ...
+
+
+class _TcpListener:
+    def __init__(self, server: asyncio.Server) -> None:
+        self._server = server
+        bound = server.sockets[0].getsockname()
+        self.address: tuple[str, int] = (bound[0], bound[1])
+
+    def close(self) -> None:
+        self._server.close()
+
+
+class TlsNetwork:
+    """TCP with mutual TLS: the fleet's real network. ``node`` names this agent in its log lines."""
+
+    def __init__(self, client: ssl.SSLContext, server: ssl.SSLContext | None = None, *, node: str = "") -> None:
+        self._client = client
+        self._server = server
+        self.node = node
+
+    @classmethod
+    def of(cls, identity: NodeIdentity) -> TlsNetwork:
+        """The network of an enrolled node: its certificate both ways."""
+        return cls(client_context(identity), server_context(identity), node=identity.name)
+
+    async def dial(
+        self, address: tuple[str, int], *, label: str = "", max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: float = 5.0
+    ) -> FrameConnection:
+        return await dial(*address, self._client, timeout=timeout, max_payload=max_payload, label=label)
+
+    async def listen(
+        self, address: tuple[str, int], accept: Accept, *, max_payload: int = DEFAULT_MAX_PAYLOAD
+    ) -> Listener:
+        if self._server is None:
+            raise ValueError("this network only dials: it was given no server certificate")
+        context = self._server
+
+        async def handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            peer = writer.get_extra_info("peername")
+            where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                tune_socket(sock)
+            try:
+                await writer.start_tls(context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+            except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
+                log.warning("node=%s refused peer %s: TLS handshake failed: %s", self.node, where, exc)
+                writer.transport.abort()
+                return
+            await accept(FrameConnection(reader, writer, max_payload=max_payload, label=f"peer {where}"))
+
+        server = await asyncio.start_server(handshake, address[0], address[1], limit=1 << 20)
+        return _TcpListener(server)

@@ -1,0 +1,158 @@
+"""A ring of real ``StageServer`` s on toy stages over a ``MemoryNetwork``: the middle tier's lab.
+
+Everything above OpenVINO and below the socket is the product's own code: the stage servers, their
+successor links, the session table, the ring client, the frame codec. Only the stages compute in numpy
+(``tests.support.toy_model``) and the bytes go through memory (``tests.support.memory_network``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TypeVar
+
+from agent.head.decode import DecodeStats, decode
+from agent.head.drafters import Drafter
+from agent.head.ring_client import RingClient
+from agent.head.targets import LocalTarget, Target
+from agent.node.config import AgentConfig
+from agent.node.server import StageServer
+from agent.runtime.pipeline import PipelineSession
+from agent.sampling.params import SamplingParams
+from shards.manifest import Manifest
+from tests.support.memory_network import MemoryNetwork
+from tests.support.toy_model import ToyStage, ToyTokenizer, ToyWeights, toy_manifest, whole_model
+
+GREEDY = SamplingParams()
+NOWHERE = Path("/nonexistent/toy-export")
+T = TypeVar("T")
+
+
+def stage_address(index: int) -> tuple[str, int]:
+    return (f"10.9.0.{index + 1}", 7000)
+
+
+@dataclass
+class ToyRing:
+    """``len(manifest.stages)`` agents, one stage each, at ``stage_address(i)``."""
+
+    manifest: Manifest
+    weights: ToyWeights
+    network: MemoryNetwork = field(default_factory=MemoryNetwork)
+    max_sessions: int = 4
+    servers: list[StageServer] = field(default_factory=list)
+    stages: list[ToyStage] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, stages: int = 3, max_sessions: int = 4) -> ToyRing:
+        manifest = toy_manifest(stages)
+        ring = cls(manifest, ToyWeights.make(manifest.arch.num_layers), max_sessions=max_sessions)
+        for index in range(stages):
+            ring.servers.append(await ring._serve(index))
+        return ring
+
+    def config(self, index: int, **changes: object) -> AgentConfig:
+        """The configuration of the agent serving stage ``index``."""
+        last = index == len(self.manifest.stages) - 1
+        config = AgentConfig(
+            export_dir=NOWHERE,
+            stages=(index,),
+            identity_dir=NOWHERE,
+            listen=stage_address(index),
+            next=None if last else stage_address(index + 1),
+            max_sessions=self.max_sessions,
+            verify=False,
+        )
+        return replace(config, **changes)  # type: ignore[arg-type]
+
+    async def _serve(self, index: int, **changes: object) -> StageServer:
+        stage = ToyStage(self.manifest.stages[index], self.weights)
+        network = self.network.host(stage_address(index)[0])
+        server = StageServer(self.config(index, **changes), self.manifest, [stage], f"toy{index}", network)
+        await server.start()
+        if index < len(self.stages):
+            self.stages[index] = stage
+        else:
+            self.stages.append(stage)
+        return server
+
+    def client(self, host: str = "10.9.0.100") -> RingClient:
+        """A head on PC ``host`` with no stage of its own, sending token ids to stage 0."""
+        first, last = self.servers[0].address, self.servers[-1].address
+        return RingClient(self.manifest, first, last, self.network.host(host), f"head-{host}")
+
+    async def vanish(self, index: int) -> None:
+        """Stage ``index`` 's PC goes away at once: no goodbye to anyone, and its agent ends."""
+        self.network.host(stage_address(index)[0]).vanish()
+        await self.servers[index].stop()
+
+    async def restart(self, index: int, **changes: object) -> None:
+        """A fresh agent (no sessions) takes stage ``index`` at the same address (``changes``: to its
+        configuration)."""
+        self.servers[index] = await self._serve(index, **changes)
+
+    def held(self) -> list[int]:
+        """Sessions each stage holds."""
+        return [len(server.table.sessions) for server in self.servers]
+
+    async def until(self, condition: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Wait (on the loop: the ring runs meanwhile) until ``condition`` holds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not condition():
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"still not so after {timeout} s; sessions held: {self.held()}")
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        for server in self.servers:
+            await server.stop()
+
+
+async def answer(
+    target: Target,
+    prompt: list[int],
+    max_tokens: int = 24,
+    *,
+    params: SamplingParams = GREEDY,
+    drafter: Drafter | None = None,
+    stats: DecodeStats | None = None,
+    depth: int = 1,
+) -> list[int]:
+    """The tokens ``decode`` gives on ``target`` (no stop token ends it early unless it is generated)."""
+    return [
+        token
+        async for token in decode(
+            target,
+            prompt,
+            max_tokens=max_tokens,
+            stop_ids=ToyTokenizer.stop_ids,
+            params=params,
+            context_tokens=256,
+            drafter=drafter,
+            stats=stats,
+            depth=depth,
+        )
+    ]
+
+
+async def reference(
+    ring: ToyRing, prompt: list[int], max_tokens: int = 24, params: SamplingParams = GREEDY
+) -> list[int]:
+    """The answer of one toy stage holding every layer, in process: what the ring must give."""
+    whole = ToyStage(whole_model(ring.manifest), ring.weights)
+    target = LocalTarget(PipelineSession([whole.new_session()]), params)
+    try:
+        return await answer(target, prompt, max_tokens, params=params)
+    finally:
+        await target.close()
+
+
+def run(main: Callable[[], Awaitable[T]], timeout: float = 20.0) -> T:
+    """Run one test's coroutine on a fresh loop, failing it (rather than hanging) after ``timeout``."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(main(), timeout)
+
+    return asyncio.run(bounded())
