@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
+from agent.daemon import Daemon
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import Drafter
 from agent.head.ring_client import RingClient
@@ -44,6 +45,8 @@ class ToyRing:
     max_sessions: int = 4
     servers: list[StageServer] = field(default_factory=list)
     stages: list[ToyStage] = field(default_factory=list)
+    chat_stages: list[ToyStage] = field(default_factory=list)
+    """The stage 0 of each chat agent started (``chat_agent``)."""
 
     @classmethod
     async def start(cls, stages: int = 3, max_sessions: int = 4) -> ToyRing:
@@ -104,6 +107,25 @@ class ToyRing:
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"still not so after {timeout} s; sessions held: {self.held()}")
             await asyncio.sleep(0.005)
+
+    async def chat_agent(self, folder: Path, host: str = "10.9.0.50", **changes: object) -> Daemon:
+        """A started agent on ``host`` that heads chats: it serves a second stage 0 (computed in-process for
+        its chats) in front of this ring's stage 1, and the ring's last stage answers it (``changes``: to its
+        configuration; its endpoint file goes in ``folder``)."""
+        config = self.config(
+            0,
+            listen=(host, 7000),
+            chat=("127.0.0.1", 0),
+            chat_file=folder / "chat.json",
+            ring_last=stage_address(len(self.manifest.stages) - 1),
+            **changes,
+        )
+        stage = ToyStage(self.manifest.stages[0], self.weights)
+        network = self.network.host(host)
+        daemon = Daemon(config, f"chat-{host}", self.manifest, [stage], network, load_tokenizer=ToyTokenizer)
+        await daemon.start()
+        self.chat_stages.append(stage)
+        return daemon
 
     async def stop(self) -> None:
         for server in self.servers:

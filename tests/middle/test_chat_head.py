@@ -1,0 +1,165 @@
+"""The agent that heads its PC's chats (``ChatService`` inside the real ``Daemon``), on a toy ring in memory.
+
+A chat's answer must be the whole model's; the conversation's next turn reuses its kept session and
+computes only the new part; a ring lost mid-answer is replayed into a fresh session and the answer
+goes on unchanged; a kept session that a full stage evicted makes the next turn start afresh, still
+right; a chat beyond the agent's places is told "fleet busy" while the others go on; a client that
+leaves mid-answer frees its session on every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.daemon import Daemon
+from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
+from tests.support.toy_model import ToyTokenizer
+
+QUESTION = "where is the toy"
+FOLLOW_UP = "and why there"
+
+
+def _request(daemon: Daemon, *turns: tuple[str, str], max_tokens: int = 24) -> ChatRequest:
+    assert daemon.chats is not None
+    return ChatRequest(token=daemon.chats.token, messages=turns, max_tokens=max_tokens)
+
+
+def _ids(*turns: tuple[str, str]) -> list[int]:
+    return ToyTokenizer().encode_chat([{"role": role, "content": content} for role, content in turns])
+
+
+async def _events(daemon: Daemon, request: ChatRequest) -> list[ChatEvent]:
+    assert daemon.chats is not None
+    return [event async for event in daemon.chats.answer(request)]
+
+
+def _tokens(events: list[ChatEvent]) -> list[int]:
+    assert events[-1].event == "done", events[-1]
+    return [event.id for event in events if event.event == "token" and event.id is not None]
+
+
+@contextlib.asynccontextmanager
+async def _ring_and_chat(
+    tmp_path: Path, max_sessions: int = 4, **chat: object
+) -> AsyncIterator[tuple[ToyRing, Daemon]]:
+    ring = await ToyRing.start(max_sessions=max_sessions)
+    daemon = await ring.chat_agent(tmp_path, **chat)
+    try:
+        yield ring, daemon
+    finally:
+        await daemon.stop()
+        await ring.stop()
+
+
+def test_a_chat_is_the_whole_models_answer_and_its_next_turn_computes_only_the_new_part(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _ring_and_chat(tmp_path) as (ring, daemon):
+            first = (("user", QUESTION),)
+            events = await _events(daemon, _request(daemon, *first))
+            tokens = _tokens(events)
+            assert tokens == await reference(ring, _ids(*first))
+            text = "".join(event.text for event in events if event.event == "token")
+            computed = ring.stages[1].positions_computed
+            second = (*first, ("assistant", text), ("user", FOLLOW_UP))
+            events = await _events(daemon, _request(daemon, *second))
+            assert _tokens(events) == await reference(ring, _ids(*second))
+            stats = events[-1].stats
+            assert stats is not None and stats["cached_tokens"] >= len(_ids(*first)), stats
+            new_part = ring.stages[1].positions_computed - computed
+            assert new_part <= len(_ids(*second)) - stats["cached_tokens"] + len(_tokens(events)) + 1
+            assert daemon.chats is not None and daemon.chats.kept.resumed == 1
+
+    run(main)
+
+
+def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on_unchanged(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _ring_and_chat(tmp_path) as (ring, daemon):
+            turns = (("user", QUESTION),)
+            expected = await reference(ring, _ids(*turns), 40)
+            assert daemon.chats is not None
+            events: list[ChatEvent] = []
+            async for event in daemon.chats.answer(_request(daemon, *turns, max_tokens=40)):
+                events.append(event)
+                if len(events) == 10:
+                    await ring.vanish(1)
+                    asyncio.get_running_loop().call_later(0.3, lambda: asyncio.ensure_future(ring.restart(1)))
+            assert _tokens(events) == expected
+            stats = events[-1].stats
+            assert stats is not None and stats["replays"] == 1, stats
+            assert daemon.chats.replayed == 1
+
+    run(main)
+
+
+def test_a_kept_session_evicted_by_a_full_stage_makes_the_next_turn_start_afresh(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _ring_and_chat(tmp_path) as (ring, daemon):
+            await ring.vanish(2)
+            await ring.restart(2, max_sessions=1)
+            first = (("user", QUESTION),)
+            events = await _events(daemon, _request(daemon, *first))
+            text = "".join(event.text for event in events if event.event == "token")
+            # another head's new session takes the kept (parked) session's place on the full last stage
+            other = ring.client()
+            await other.connect()
+            session = await other.open_session(GREEDY)
+            assert await answer(session, _ids(("user", "x")), 4) == await reference(ring, _ids(("user", "x")), 4)
+            assert ring.servers[2].table.evicted == 1
+            await session.close()
+            await other.close()
+            second = (*first, ("assistant", text), ("user", FOLLOW_UP))
+            events = await _events(daemon, _request(daemon, *second))
+            assert _tokens(events) == await reference(ring, _ids(*second))
+            stats = events[-1].stats
+            assert stats is not None and stats["cached_tokens"] == 0, stats
+
+    run(main)
+
+
+def test_a_chat_beyond_the_agents_places_is_told_fleet_busy_and_the_others_go_on(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _ring_and_chat(tmp_path, max_sessions=1, chat_keep=0.0) as (ring, daemon):
+            assert daemon.chats is not None
+            turns = (("user", QUESTION),)
+            running = daemon.chats.answer(_request(daemon, *turns, max_tokens=30))
+            first = await anext(running)
+            assert first.event == "token"
+            refused = await _events(daemon, _request(daemon, ("user", "me too")))
+            assert [e.event for e in refused] == ["error"] and refused[0].code == "fleet_busy", refused
+            rest = [event async for event in running]
+            assert _tokens([first, *rest]) == await reference(ring, _ids(*turns), 30)
+            await ring.until(lambda: ring.held() == [0, 0, 0] and daemon.server.table.local == 0)
+
+    run(main)
+
+
+def test_a_client_that_leaves_mid_answer_frees_its_session_on_every_stage(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _ring_and_chat(tmp_path) as (ring, daemon):
+            assert daemon.chats is not None
+            answer_events = daemon.chats.answer(_request(daemon, ("user", QUESTION), max_tokens=60))
+            for _ in range(3):
+                await anext(answer_events)
+            assert ring.held()[1:] == [1, 1]
+            await answer_events.aclose()
+            await ring.until(lambda: ring.held() == [0, 0, 0] and daemon.server.table.local == 0)
+            assert len(daemon.chats.kept) == 0, "a half-finished answer's session must not be kept"
+
+    run(main)
+
+
+def test_the_chat_drafts_with_ngrams_and_stays_exact(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _ring_and_chat(tmp_path) as (ring, daemon):
+            turns = (("user", "abab abab abab abab abab abab"),)
+            events = await _events(daemon, _request(daemon, *turns, max_tokens=40))
+            assert _tokens(events) == await reference(ring, _ids(*turns), 40)
+            stats = events[-1].stats
+            assert stats is not None and stats["drafted"] > 0, stats
+
+    run(main)
