@@ -221,3 +221,26 @@ def test_a_stage_lost_mid_answer_fails_that_answer_and_the_ring_heals_once_it_is
             await ring.stop()
 
     run(main)
+
+
+def test_stages_come_up_in_any_order_and_the_ring_forms_once_all_are_there() -> None:
+    async def main() -> None:
+        ring = await ToyRing.start()
+        await ring.vanish(2)
+        await ring.vanish(1)
+        try:
+            await ring.until(lambda: ring.servers[0].status()["next_stage"] == "down")
+            client = ring.client()
+            await ring.restart(2)
+            connecting = asyncio.ensure_future(client.connect())
+            await ring.restart(1)
+            await connecting
+            await ring.until(lambda: ring.servers[0].status()["next_stage"] == "connected")
+            session = await client.open_session(GREEDY)
+            assert await answer(session, PROMPT) == await reference(ring, PROMPT)
+            await session.close()
+            await client.close()
+        finally:
+            await ring.stop()
+
+    run(main)
