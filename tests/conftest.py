@@ -39,6 +39,9 @@ def _quiet() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name in ("nncf", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # Importing OpenVINO may start openvino_telemetry's worker thread, which lives to the end of the process:
+    # imported here, before any test, it is never taken for a thread that a test leaked (``_loop_watch``).
+    import openvino  # noqa: F401
 
 
 @pytest.fixture(scope="session")

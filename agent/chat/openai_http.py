@@ -24,6 +24,7 @@ import h11
 from agent.chat.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent, ChatRequest
 from agent.chat.watch import ClientWatch
 from agent.errors import ChatProtocolError, HTTPError
+from agent.transport.listen import listen_tcp
 from agent.transport.tasks import OwnedTasks
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class OpenAIEndpoint:
         self._tasks = OwnedTasks()
 
     async def start(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._handle, *self._listen)
+        self._server = await listen_tcp(self._handle, self._listen, "the HTTP API")
         host, port = self._server.sockets[0].getsockname()[:2]
         log.info("node=%s OpenAI-style API on http://%s:%d/v1", self.service.node, host, port)
         return host, port

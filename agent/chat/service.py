@@ -54,6 +54,7 @@ from agent.node.config import AgentConfig
 from agent.node.server import StageServer
 from agent.runtime.pipeline import PipelineSession
 from agent.runtime.protocol import new_sessions
+from agent.transport.listen import listen_tcp
 from agent.transport.network import Network
 from agent.transport.tasks import OwnedTasks
 
@@ -120,7 +121,7 @@ class ChatService:
         loop = asyncio.get_running_loop()
         self.tokenizer = await loop.run_in_executor(None, self._load_tokenizer, folder)
         await loop.run_in_executor(None, self.drafters.prepare)  # a draft model is compiled once, now
-        self._listener = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE_BYTES + 1)
+        self._listener = await listen_tcp(self._handle, (host, port), "the chat endpoint", limit=MAX_LINE_BYTES + 1)
         bound = self._listener.sockets[0].getsockname()
         self._endpoint = replace(ChatEndpoint.new(bound[0], bound[1]), http=http_url or "")
         self._endpoint.write(self.endpoint_file)

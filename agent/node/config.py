@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
-from agent.runtime.config import RuntimeConfig
+from agent.runtime.config import KNOWN_DEVICES, PRECISIONS, REWINDS, RuntimeConfig
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 
 WIRE_DTYPES = ("auto", "f32", "f16")
@@ -94,12 +94,114 @@ def _require_loopback(what: str, address: tuple[str, int]) -> None:
         raise ConfigError(f"{what} is for clients on this PC: listen on loopback (127.0.0.1), not {address[0]}")
 
 
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"agent setting {name!r} must be a non-empty string, not {value!r}")
+    return value
+
+
+def _path(name: str, value: Any) -> Path:
+    return value if isinstance(value, Path) else Path(_text(name, value))
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"agent setting {name!r} must be true or false, not {value!r}")
+    return value
+
+
+def _whole(minimum: int, maximum: int | None = None) -> Callable[[str, Any], int]:
+    def parse(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"agent setting {name!r} must be a whole number, not {value!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f"at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise ConfigError(f"agent setting {name!r} must be {bounds}, not {value}")
+        return value
+
+    return parse
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"agent setting {name!r} must be a number of seconds, 0 or more, not {value!r}")
+    return float(value)
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def parse(name: str, value: Any) -> str:
+        if value not in options:
+            raise ConfigError(f"agent setting {name!r} must be one of {', '.join(options)}, not {value!r}")
+        return str(value)
+
+    return parse
+
+
+def _address(name: str, value: Any) -> tuple[str, int] | None:
+    if isinstance(value, tuple):
+        return value
+    if value == "":
+        return None
+    text = _text(name, value)
+    try:
+        return parse_address(text)
+    except ConfigError as exc:
+        raise ConfigError(f"agent setting {name!r}: {exc}") from exc
+
+
+def _stages(name: str, value: Any) -> tuple[int, ...]:
+    indices = value if isinstance(value, (list, tuple)) else [value]
+    return tuple(_whole(0)(name, index) for index in indices)
+
+
+def _threads(name: str, value: Any) -> int | None:
+    return None if value is None else _whole(0)(name, value)
+
+
+def _device(name: str, value: Any) -> str:
+    device = _text(name, value)
+    if device.upper().split(".")[0] not in KNOWN_DEVICES:
+        raise ConfigError(f"agent setting {name!r} must be one of {', '.join(KNOWN_DEVICES)}, not {value!r}")
+    return device
+
+
+_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
+    "export_dir": _path,
+    "stages": _stages,
+    "identity_dir": _path,
+    "listen": _address,
+    "next": _address,
+    "max_sessions": _whole(1),
+    "max_payload": _whole(1024),
+    "wire_dtype": _choice(WIRE_DTYPES),
+    "verify": _flag,
+    "chat": _address,
+    "http": _address,
+    "chat_file": _path,
+    "ring_first": _address,
+    "ring_last": _address,
+    "drafter": _choice(DRAFTERS),
+    "chat_keep": _seconds,
+    "chat_keep_max": _whole(0),
+}
+"""Every agent setting and how its value is read and checked (a message names the setting)."""
+_RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
+    "device": _device,
+    "threads": _threads,
+    "cache_dir": _path,
+    "precision": _choice(PRECISIONS),
+    "fast_prefill": _flag,
+    "rewind": _choice(REWINDS),
+}
+
+
 def load_agent_config(
     path: Path | None, overrides: dict[str, Any], defaults: Mapping[str, Callable[[], Any]] | None = None
 ) -> AgentConfig:
     """Settings from the TOML file ``path`` (if any), then ``overrides`` (flags that were given); a setting
     neither names comes from ``defaults`` (called only then: finding a default may fail, e.g. the node
-    identity under the data dir).
+    identity under the data dir). Every value is checked here, its type and range, and a mistake raises
+    ``ConfigError`` naming the setting.
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
@@ -109,35 +211,19 @@ def load_agent_config(
     if path is not None:
         try:
             values.update(tomllib.loads(path.read_text()))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
     for key, default in (defaults or {}).items():
         if key not in values:
             values[key] = default()
-    runtime_keys = {f.name for f in fields(RuntimeConfig)}
-    runtime = RuntimeConfig()
-    runtime_values = {k: values.pop(k) for k in list(values) if k in runtime_keys}
-    if "cache_dir" in runtime_values:
-        runtime_values["cache_dir"] = Path(runtime_values["cache_dir"])
-    runtime = replace(runtime, **runtime_values)
-    known = {f.name for f in fields(AgentConfig)}
-    unknown = set(values) - known
+    unknown = set(values) - set(_SETTINGS) - set(_RUNTIME_SETTINGS)
     if unknown:
         raise ConfigError(f"unknown agent settings: {', '.join(sorted(unknown))}")
     for required in ("export_dir", "stages", "identity_dir"):
         if required not in values:
             raise ConfigError(f"agent setting {required!r} is missing (flag or config file)")
-    stages = values["stages"]
-    values["stages"] = tuple(stages) if isinstance(stages, (list, tuple)) else (int(stages),)
-    values["export_dir"] = Path(values["export_dir"])
-    values["identity_dir"] = Path(values["identity_dir"])
-    for key in ("listen", "next", "chat", "http", "ring_first", "ring_last"):
-        if isinstance(values.get(key), str):
-            values[key] = parse_address(values[key]) if values[key] else None
-    if values.get("chat_file") is not None:
-        values["chat_file"] = Path(values["chat_file"])
-    try:
-        return AgentConfig(runtime=runtime, **values)
-    except TypeError as exc:
-        raise ConfigError(str(exc)) from exc
+    runtime = RuntimeConfig(
+        **{k: _RUNTIME_SETTINGS[k](k, values.pop(k)) for k in list(values) if k in _RUNTIME_SETTINGS}
+    )
+    return AgentConfig(runtime=runtime, **{k: _SETTINGS[k](k, v) for k, v in values.items()})

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from agent.fleet import NodeIdentity
 from agent.transport.connection import FrameConnection, dial
+from agent.transport.listen import listen_tcp
 from agent.transport.sockets import tune_socket
 from agent.transport.tls import client_context, server_context
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
@@ -108,5 +109,5 @@ class TlsNetwork:
                 return
             await accept(FrameConnection(reader, writer, max_payload=max_payload, label=f"peer {where}"))
 
-        server = await asyncio.start_server(handshake, address[0], address[1], limit=1 << 20)
+        server = await listen_tcp(handshake, address, "the ring", limit=1 << 20)
         return _TcpListener(server)

@@ -38,9 +38,20 @@ def test_file_then_flags(tmp_path: Path) -> None:
         ({"chat": "0.0.0.0:7000", "chat_file": "c.json"}, "loopback"),
         ({"chat": "127.0.0.1:0"}, "chat_file is needed"),
         ({"chat": "127.0.0.1:0", "chat_file": "c.json", "stages": [1]}, "needs ring_first"),
-        ({"drafter": "oracle"}, "drafter must be one of"),
+        ({"drafter": "oracle"}, "'drafter' must be one of"),
         ({"http": "127.0.0.1:8080"}, "http needs chat"),
-        ({"chat_keep": -1}, "must not be negative"),
+        ({"chat_keep": -1}, "'chat_keep' must be a number of seconds, 0 or more"),
+        # what a TOML file gets wrong (issue 22): each refused with the setting's name, never a traceback
+        ({"stages": "two"}, "'stages' must be a whole number, not 'two'"),
+        ({"stages": -1}, "'stages' must be at least 0, not -1"),
+        ({"listen": 18152}, "'listen' must be a non-empty string, not 18152"),
+        ({"listen": "nowhere"}, "'listen': address 'nowhere' is not HOST:PORT"),
+        ({"max_sessions": "lots"}, "'max_sessions' must be a whole number, not 'lots'"),
+        ({"threads": "four"}, "'threads' must be a whole number, not 'four'"),
+        ({"verify": "yes"}, "'verify' must be true or false"),
+        ({"device": "TPU"}, "'device' must be one of AUTO, CPU, GPU, NPU"),
+        ({"precision": "f8"}, "'precision' must be one of"),
+        ({"export_dir": 3}, "'export_dir' must be a non-empty string"),
         ({"http": "10.0.0.1:8080", "chat": "127.0.0.1:0", "chat_file": "c.json"}, "HTTP API is for clients on this PC"),
     ],
 )
@@ -138,3 +149,53 @@ def test_the_agent_command_finds_its_identity_under_the_data_dir_with_a_config_f
     assert seen[0].identity_dir == issued.cert.parent  # type: ignore[attr-defined]
     assert seen[0].runtime.cache_dir == tmp_path / "cache" / "ov-cache"  # type: ignore[attr-defined]
     assert seen[0].chat_file == data_dir / "chat.json"  # type: ignore[attr-defined]
+
+
+def test_an_address_in_use_is_one_clear_error() -> None:
+    import asyncio
+
+    from agent.transport.listen import listen_tcp
+
+    async def main() -> None:
+        async def nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        taken = await listen_tcp(nothing, ("127.0.0.1", 0), "the ring")
+        port = taken.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(
+                ConfigError, match=f"cannot listen for the chat endpoint on 127.0.0.1:{port}: address already in use$"
+            ):
+                await listen_tcp(nothing, ("127.0.0.1", port), "the chat endpoint")
+        finally:
+            taken.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('stages = "two"', "agent setting 'stages' must be a whole number, not 'two'"),
+        ("listen = 18152", "agent setting 'listen' must be a non-empty string, not 18152"),
+        ('max_sessions = "lots"', "agent setting 'max_sessions' must be a whole number, not 'lots'"),
+        ('threads = "four"', "agent setting 'threads' must be a whole number, not 'four'"),
+    ],
+)
+def test_a_mistake_in_the_agents_file_is_one_line_and_exit_status_1(tmp_path: Path, toml: str, message: str) -> None:
+    import subprocess
+    import sys
+
+    config_file = tmp_path / "agent.toml"
+    lines = [f'export_dir = "{tmp_path}"', f'identity_dir = "{tmp_path}"', toml]
+    if not toml.startswith("stages"):
+        lines.append("stages = 0")
+    config_file.write_text("\n".join(lines) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli.main", "agent", "--config", str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [f"shoal: error: {message}"], done.stderr
