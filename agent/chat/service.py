@@ -27,7 +27,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,8 @@ RING_TIMEOUT = 15.0
 """How long a chat waits for the rest of the ring to be reachable before it fails."""
 MAX_REPLAYS = 3
 """Times one answer is replayed into a fresh session after losing its ring (``ChatService._tokens``)."""
+REPLAY_WAIT = 120.0
+"""How long a replay waits for the ring to answer again (a frozen or restarting stage), tried with backoff."""
 
 
 @dataclass
@@ -74,6 +76,8 @@ class AnswerTally:
 
     replays: int = 0
     """Fresh sessions its history was replayed into after the ring was lost."""
+    interruptions: list[str] = field(default_factory=list)
+    """Why the ring was lost (which link, what went silent), in order: told in the ``done`` event."""
 
 
 class ChatService:
@@ -304,6 +308,7 @@ class ChatService:
                 "prompt_tokens": len(prompt_ids),
                 "cached_tokens": cached,
                 "replays": tally.replays,
+                "interruptions": tally.interruptions,
             },
         )
 
@@ -319,9 +324,9 @@ class ChatService:
 
         - a kept session that a stage evicted (it gave the place to a new session) as this turn took it over
           fails at its first step: the answer starts afresh;
-        - the ring lost mid-answer (a stage's PC went away, or its agent restarted): once the ring answers
-          again (``open_session`` reconnects, for up to ``RING_TIMEOUT``), the steps the session was
-          answered (earlier turns of a kept conversation included) are replayed into a fresh session as they
+        - the ring lost mid-answer (a stage's PC went away, its agent froze or restarted): once the ring
+          answers again (tried with backoff for up to ``REPLAY_WAIT``), the steps the session was answered
+          (earlier turns of a kept conversation included) are replayed into a fresh session as they
           were sent (``ResumableTarget.replay_into``), which rebuilds the KV state on every stage position for
           position, and decoding goes on where it stopped. The user sees a pause; greedy tokens are those of
           an answer never interrupted wherever speculation is exact (``RuntimeConfig.rewind``), while sampling
@@ -363,26 +368,54 @@ class ChatService:
             except PeerUnavailableError as exc:
                 if tally.replays >= MAX_REPLAYS or self._holds_all:
                     raise
-                tally.replays += 1
-                self.replayed += 1
+                tally.interruptions.append(str(exc))
                 log.warning(
                     "node=%s ring lost after %d tokens of an answer (%s): replaying its steps into a "
                     "fresh session once the ring is back (%d of %d)",
                     self.node,
                     len(sent),
                     exc,
-                    tally.replays,
+                    tally.replays + 1,
                     MAX_REPLAYS,
                 )
                 replay = True
             lost = conversation.target
-            fresh = await self._open(request)
             if replay:
+                fresh = await self._replayed(request, lost, tally)
+                tally.replays += 1
+                self.replayed += 1
+            else:
+                fresh = await self._open(request)
+            conversation.target, conversation.turn = fresh.target, fresh.turn
+            await lost.close()
+
+    async def _replayed(self, request: ChatRequest, lost: ResumableTarget, tally: AnswerTally) -> KeptConversation:
+        """A fresh session holding what ``lost`` held, once the ring answers again: tried with backoff for up
+        to ``REPLAY_WAIT`` (a stage that froze or restarts takes a while), each failure noted in ``tally``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLAY_WAIT
+        delay = 0.1
+        while True:
+            fresh = None
+            try:
+                fresh = await self._open(request)
                 fresh.target = await lost.replay_into(fresh.target.inner)
                 fresh.target.resume()  # the next prompt, history + tokens sent, rewinds to what it holds
                 log.info("node=%s %d positions replayed: the answer goes on", self.node, len(fresh.target.held))
-            conversation.target, conversation.turn = fresh.target, fresh.turn
-            await lost.close()
+                return fresh
+            except PeerUnavailableError as exc:
+                if fresh is not None:
+                    with contextlib.suppress(RingError):
+                        await fresh.target.close()
+                if loop.time() + delay > deadline:
+                    raise PeerUnavailableError(
+                        f"the ring did not answer again within {REPLAY_WAIT:.0f} s: {exc}"
+                    ) from exc
+                if str(exc) not in tally.interruptions:
+                    tally.interruptions.append(str(exc))
+                log.info("node=%s replay not possible yet (%s); retrying in %.1f s", self.node, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _open(self, request: ChatRequest) -> KeptConversation:
         """A fresh session for one chat (its place on this agent is already held), with the turn its local
@@ -419,6 +452,7 @@ class ChatService:
                     executor=self.server.executor,
                     max_payload=self.config.max_payload,
                     wire_dtype=self.config.wire_dtype,
+                    liveness=self.config.liveness,
                 )
                 await client.connect(RING_TIMEOUT)
                 self._client = client

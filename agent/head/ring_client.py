@@ -31,6 +31,7 @@ from agent.runtime.protocol import KVSession, Stage, new_sessions, wire_numpy_dt
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput
 from agent.transport.connection import FrameConnection, expect
+from agent.transport.heartbeat import Heartbeat, Liveness
 from agent.transport.network import Network
 from agent.wire import Frame, FrameType, StepFlags
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
@@ -57,7 +58,9 @@ class RingClient:
         executor: Executor | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         wire_dtype: str = "auto",
+        liveness: Liveness | None = None,
     ) -> None:
+        """``liveness``: how the head's two links are watched (heartbeats; ``Liveness()`` by default)."""
         self.manifest = manifest
         self.first_address = first
         self.last_address = last
@@ -68,12 +71,13 @@ class RingClient:
             raise RingError("the head holds every stage: use the in-process pipeline instead of a ring")
         self._executor = executor
         self._max_payload = max_payload
+        self._liveness = liveness or Liveness()
         self._wire_dtype = wire_numpy_dtype(wire_dtype, self.local_stages[-1]) if self.local_stages else np.float32
         self.head_id = secrets.randbits(32) or 1
         self._first: FrameConnection | None = None
         self._last: FrameConnection | None = None
         self._sessions: dict[int, RingSession] = {}
-        self._readers: list[asyncio.Task[None]] = []
+        self._readers: list[asyncio.Task[Any]] = []
         self.failure: RingError | None = None
         self.local_steps = 0
         self.local_seconds = 0.0
@@ -100,8 +104,11 @@ class RingClient:
             self._last, last = await self._handshake(self.last_address, hello, timeout, "last stage")
         if not last.is_last:
             raise RingError(f"{last.node} at {self.last_address[0]}:{self.last_address[1]} is not the last stage")
+        loop = asyncio.get_running_loop()
         for connection in {id(c): c for c in (self._first, self._last)}.values():
-            self._readers.append(asyncio.get_running_loop().create_task(self._read(connection)))
+            heartbeat = Heartbeat(connection, self._liveness, self.node)
+            self._readers.append(loop.create_task(self._read(connection, heartbeat)))
+            self._readers.append(loop.create_task(heartbeat.run()))
         log.info("node=%s head %x connected: first %s, last %s", self.node, self.head_id, first.node, last.node)
 
     async def _handshake(
@@ -164,11 +171,14 @@ class RingClient:
         self._sessions[session.id] = session
         return session
 
-    async def _read(self, connection: FrameConnection) -> None:
+    async def _read(self, connection: FrameConnection, heartbeat: Heartbeat) -> None:
         """Deliver results and errors to their sessions until the connection ends."""
         try:
             while True:
                 frame = await connection.receive()
+                heartbeat.heard(frame)
+                if frame.type is FrameType.PONG:
+                    continue
                 if frame.type is FrameType.GOODBYE:
                     raise PeerUnavailableError(f"{connection.label} left the ring")
                 session = self._sessions.get(frame.session)
@@ -181,7 +191,7 @@ class RingClient:
                 else:
                     raise ProtocolError(f"unexpected {frame.type.name} from {connection.label}")
         except (PeerUnavailableError, ProtocolError) as exc:
-            error = PeerUnavailableError(f"ring connection lost: {exc}")
+            error = PeerUnavailableError(f"ring connection lost: {heartbeat.lost or exc}")
             self.failure = error
             for session in list(self._sessions.values()):
                 session._fail(error)

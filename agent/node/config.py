@@ -11,6 +11,7 @@ from typing import Any
 from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
 from agent.runtime.config import KNOWN_DEVICES, PRECISIONS, REWINDS, RuntimeConfig
+from agent.transport.heartbeat import Liveness
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 
 WIRE_DTYPES = ("auto", "f32", "f16")
@@ -63,6 +64,14 @@ class AgentConfig:
     computes only its new message (``agent.chat.kept``); 0: every turn starts afresh."""
     chat_keep_max: int = 1
     """Chat sessions kept at once: each holds a place on every stage of the ring while it waits."""
+    heartbeat_interval: float = 1.0
+    """Seconds between heartbeats on each ring link this agent dials (``agent.transport.heartbeat``)."""
+    link_timeout: float = 5.0
+    """A ring peer silent this long (a frozen agent, a network gone) is lost; its sessions fail or replay."""
+
+    @property
+    def liveness(self) -> Liveness:
+        return Liveness(self.heartbeat_interval, self.link_timeout)
 
     def __post_init__(self) -> None:
         if not self.stages or list(self.stages) != list(range(self.stages[0], self.stages[0] + len(self.stages))):
@@ -85,6 +94,7 @@ class AgentConfig:
             _require_loopback("the HTTP API", self.http)
         if self.chat_keep < 0 or self.chat_keep_max < 0:
             raise ConfigError("chat_keep and chat_keep_max must not be negative")
+        Liveness(self.heartbeat_interval, self.link_timeout)  # refuses an interval that does not fit the timeout
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
 
@@ -183,6 +193,8 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "drafter": _choice(DRAFTERS),
     "chat_keep": _seconds,
     "chat_keep_max": _whole(0),
+    "heartbeat_interval": _seconds,
+    "link_timeout": _seconds,
 }
 """Every agent setting and how its value is read and checked (a message names the setting)."""
 _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
@@ -205,7 +217,8 @@ def load_agent_config(
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
-    chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max.
+    chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
+    heartbeat_interval, link_timeout.
     """
     values: dict[str, Any] = {}
     if path is not None:

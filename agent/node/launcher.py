@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,13 +57,16 @@ def launch_agent(
     timeout: float = 180.0,
     wrapper: list[str] | None = None,
     python: str = sys.executable,
+    env: Mapping[str, str] | None = None,
 ) -> LocalAgent:
-    """Start one agent and wait for its ready line (it has verified and compiled its stage).
+    """Start one agent and wait (at most ``timeout`` seconds) for its ready line: it has verified and compiled
+    its stage. Its log (stderr) is kept in ``LocalAgent.log`` and, with ``log_path``, written to that file.
 
-    ``wrapper``: a command the agent runs under, e.g. ``ip netns exec NS`` for an agent in a network namespace.
-    ``python``: the interpreter of the shoal install to run (another virtualenv's, say)."""
+    ``core``: the one CPU the agent runs on (with ``taskset`` where it is installed, else set in the child
+    before it starts Python); ``wrapper``: a command the agent runs under, e.g. ``ip netns exec NS`` for an
+    agent in a network namespace; ``python``: the interpreter of the shoal install to run (another
+    virtualenv's, say); ``env``: variables added to the agent's environment."""
     command = [
-        *(wrapper or []),
         python,
         "-m",
         "agent.cli.main",
@@ -78,27 +84,47 @@ def launch_agent(
     ]
     if next_address is not None:
         command += ["--next", f"{next_address[0]}:{next_address[1]}"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
+    taskset = shutil.which("taskset") if core is not None else None
+    if taskset:
+        command = [taskset, "-c", str(core), *command]  # pinned by exec: no Python runs between fork and exec
+    pin = None if core is None or taskset else (lambda: os.sched_setaffinity(0, {core}))
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=pin
+        [*(wrapper or []), *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        preexec_fn=pin,
     )
     agent = LocalAgent(stage, process)
     threading.Thread(target=_collect, args=(process, agent.log, log_path), daemon=True).start()
+    lines: queue.Queue[str | None] = queue.Queue()
+    waiting = threading.Event()
+    waiting.set()
+    threading.Thread(target=_watch_stdout, args=(process, lines, waiting), daemon=True).start()
     deadline = time.monotonic() + timeout
-    assert process.stdout is not None
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        match = READY.search(line)
-        if match:
-            agent.address = (match.group(2), int(match.group(3)))
-            threading.Thread(target=process.stdout.read, daemon=True).start()  # keep the pipe drained
-            return agent
+    ended = False
+    try:
+        while not ended and (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=remaining)
+            except queue.Empty:
+                break
+            ended = line is None
+            match = READY.search(line) if line is not None else None
+            if match:
+                agent.address = (match.group(2), int(match.group(3)))
+                return agent
+    except BaseException:  # interrupted while waiting: the agent must not outlive its launcher
+        agent.stop()
+        raise
+    finally:
+        waiting.clear()  # from now on the watcher only keeps the pipe drained
     agent.stop()
     tail = "\n".join(list(agent.log)[-15:])
-    raise RingError(f"the agent for stage {stage} did not start:\n{tail}")
+    why = f"it ended (exit {process.returncode})" if ended else f"it was not ready within {timeout:.0f} s"
+    raise RingError(f"the agent for stage {stage} did not start: {why}:\n{tail}")
 
 
 def launch_ring(
@@ -142,6 +168,15 @@ def launch_ring(
             agent.stop()
         raise
     return agents
+
+
+def _watch_stdout(process: subprocess.Popen[str], lines: queue.Queue[str | None], waiting: threading.Event) -> None:
+    """Hand the agent's stdout lines to ``launch_agent`` while it waits for the ready line, then drain the pipe."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        if waiting.is_set():
+            lines.put(line)
+    lines.put(None)
 
 
 def _collect(process: subprocess.Popen[str], lines: deque[str], log_path: Path | None) -> None:

@@ -31,6 +31,7 @@ from agent.node.successor import SuccessorLink
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.sampling.readout import read_out
 from agent.transport.connection import FrameConnection, expect
+from agent.transport.heartbeat import pong
 from agent.transport.network import HANDSHAKE_TIMEOUT, Listener, Network
 from agent.transport.tasks import OwnedTasks
 from agent.wire import Frame, FrameType, StepFlags
@@ -105,6 +106,7 @@ class StageServer:
                 on_frame=self._from_successor,
                 on_lost=self._successor_lost,
                 max_payload=config.max_payload,
+                liveness=config.liveness,
             )
 
     @property
@@ -163,7 +165,7 @@ class StageServer:
             log.info("node=%s accepted %s %s (%s)", self.node, hello.role, hello.node, where)
             if hello.role == "head" and self.is_last:
                 self.heads[hello.head_id] = connection
-            await self._serve(connection)
+            await self._serve(connection, watched=hello.role in ("head", "stage"))
         except RemoteProtocolError as exc:
             log.warning("node=%s dropped %s: protocol error: %s", self.node, where, exc)
             connection.abort()
@@ -181,10 +183,23 @@ class StageServer:
             if not connection.closed:
                 await connection.close(goodbye=False)
 
-    async def _serve(self, connection: FrameConnection) -> None:
+    async def _serve(self, connection: FrameConnection, watched: bool) -> None:
+        """Take frames from one peer until it leaves. ``watched``: a ring peer, which pings at least every
+        heartbeat interval; one silent for the link timeout is gone (a status client is not watched)."""
+        timeout = self.config.liveness.timeout if watched else None
         while True:
-            frame = await connection.receive()
+            try:
+                async with asyncio.timeout(timeout):
+                    frame = await connection.receive()
+            except TimeoutError as exc:
+                raise PeerUnavailableError(
+                    f"{connection.label} sent nothing for {timeout:.1f} s, not even a heartbeat (its agent froze, "
+                    "or its network is gone)"
+                ) from exc
             kind = frame.type
+            if kind is FrameType.PING:
+                await connection.send(pong(frame))
+                continue
             if kind is FrameType.GOODBYE:
                 await connection.close(goodbye=False)
                 return

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from agent.errors import PeerRefusedError, PeerUnavailableError, ProtocolError
 from agent.transport.connection import FrameConnection, expect
+from agent.transport.heartbeat import Heartbeat, Liveness
 from agent.transport.network import Network
 from agent.wire import Frame, FrameType
 from agent.wire.messages import Hello, parse
@@ -34,6 +35,7 @@ class SuccessorLink:
         on_frame: Callable[[Frame], Awaitable[None]],
         on_lost: Callable[[str], Awaitable[None]],
         max_payload: int,
+        liveness: Liveness,
     ) -> None:
         self.address = address
         self._network = network
@@ -41,6 +43,7 @@ class SuccessorLink:
         self._on_frame = on_frame
         self._on_lost = on_lost
         self._max_payload = max_payload
+        self._liveness = liveness
         self._connection: FrameConnection | None = None
         self.ready = asyncio.Event()
         self.peer: Hello | None = None
@@ -99,7 +102,12 @@ class SuccessorLink:
                 peer.layer_start,
                 peer.layer_stop - 1,
             )
-            reason = await self._relay(connection)
+            heartbeat = Heartbeat(connection, self._liveness, self._hello.node)
+            beating = asyncio.get_running_loop().create_task(heartbeat.run())
+            try:
+                reason = await self._relay(connection, heartbeat)
+            finally:
+                beating.cancel()
             self.ready.clear()
             self._connection = None
             if not self._stopping:
@@ -114,15 +122,18 @@ class SuccessorLink:
                 f"it serves layers from {peer.layer_start}, this stage ends at {self._hello.layer_stop}"
             )
 
-    async def _relay(self, connection: FrameConnection) -> str:
+    async def _relay(self, connection: FrameConnection, heartbeat: Heartbeat) -> str:
         while True:
             try:
                 frame = await connection.receive()
             except PeerUnavailableError as exc:
-                return str(exc)
+                return heartbeat.lost or str(exc)
             except ProtocolError as exc:
                 connection.abort()
                 return f"protocol error: {exc}"
+            heartbeat.heard(frame)
+            if frame.type is FrameType.PONG:
+                continue
             if frame.type is FrameType.GOODBYE:
                 await connection.close(goodbye=False)
                 return "it said goodbye"

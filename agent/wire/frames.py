@@ -33,7 +33,7 @@ import numpy as np
 from agent.errors import LocalProtocolError
 
 MAGIC = b"SH"
-PROTOCOL_VERSION = 2  # 2: PARK
+PROTOCOL_VERSION = 3  # 2: PARK; 3: PING and PONG
 HEADER = struct.Struct("<2sBBQIIHHHBB4II")
 HEADER_SIZE = HEADER.size
 MAX_NDIM = 4
@@ -53,6 +53,8 @@ class FrameType(enum.IntEnum):
     GOODBYE = 9  # the connection closes on purpose; an end of stream without it is a failure
     PARK = 10  # a session waits for its conversation's next turn: a stage short of room may evict it; travels
     # down the ring; its next STEP makes it active again
+    PING = 11  # the dialling end of a ring link checks its peer lives (``step``: a sequence number)
+    PONG = 12  # the answer, at once, from the other end's event loop (the same ``step``)
 
 
 class StepFlags(enum.IntFlag):

@@ -22,8 +22,9 @@ from agent.node.config import AgentConfig
 from agent.node.server import StageServer
 from agent.runtime.pipeline import PipelineSession
 from agent.sampling.params import SamplingParams
+from agent.transport.heartbeat import Liveness
 from shards.manifest import Manifest
-from tests.support.memory_network import MemoryNetwork
+from tests.support.memory_network import MemoryHost, MemoryNetwork
 from tests.support.toy_model import ToyStage, ToyTokenizer, ToyWeights, toy_manifest, whole_model
 
 GREEDY = SamplingParams()
@@ -43,15 +44,18 @@ class ToyRing:
     weights: ToyWeights
     network: MemoryNetwork = field(default_factory=MemoryNetwork)
     max_sessions: int = 4
+    liveness: Liveness = field(default_factory=Liveness)
+    """Heartbeats of every link (tests of a frozen agent make them fast)."""
     servers: list[StageServer] = field(default_factory=list)
     stages: list[ToyStage] = field(default_factory=list)
     chat_stages: list[ToyStage] = field(default_factory=list)
     """The stage 0 of each chat agent started (``chat_agent``)."""
 
     @classmethod
-    async def start(cls, stages: int = 3, max_sessions: int = 4) -> ToyRing:
+    async def start(cls, stages: int = 3, max_sessions: int = 4, liveness: Liveness | None = None) -> ToyRing:
         manifest = toy_manifest(stages)
-        ring = cls(manifest, ToyWeights.make(manifest.arch.num_layers), max_sessions=max_sessions)
+        weights = ToyWeights.make(manifest.arch.num_layers)
+        ring = cls(manifest, weights, max_sessions=max_sessions, liveness=liveness or Liveness())
         for index in range(stages):
             ring.servers.append(await ring._serve(index))
         return ring
@@ -67,6 +71,8 @@ class ToyRing:
             next=None if last else stage_address(index + 1),
             max_sessions=self.max_sessions,
             verify=False,
+            heartbeat_interval=self.liveness.interval,
+            link_timeout=self.liveness.timeout,
         )
         return replace(config, **changes)  # type: ignore[arg-type]
 
@@ -84,7 +90,8 @@ class ToyRing:
     def client(self, host: str = "10.9.0.100") -> RingClient:
         """A head on PC ``host`` with no stage of its own, sending token ids to stage 0."""
         first, last = self.servers[0].address, self.servers[-1].address
-        return RingClient(self.manifest, first, last, self.network.host(host), f"head-{host}")
+        network = self.network.host(host)
+        return RingClient(self.manifest, first, last, network, f"head-{host}", liveness=self.liveness)
 
     async def vanish(self, index: int) -> None:
         """Stage ``index`` 's PC goes away at once: no goodbye to anyone, and its agent ends."""
@@ -95,6 +102,10 @@ class ToyRing:
         """A fresh agent (no sessions) takes stage ``index`` at the same address (``changes``: to its
         configuration)."""
         self.servers[index] = await self._serve(index, **changes)
+
+    def host(self, index: int) -> MemoryHost:
+        """The PC of stage ``index`` (to freeze it, or make it vanish)."""
+        return self.network.host(stage_address(index)[0])
 
     def held(self) -> list[int]:
         """Sessions each stage holds."""

@@ -26,15 +26,29 @@ class _Inbox:
     def __init__(self) -> None:
         self.reader = asyncio.StreamReader(limit=READ_CHUNK)
         self.ended = False
+        self._held: list[bytes] | None = None
 
     def feed(self, data: bytes) -> None:
-        if not self.ended:
+        if self._held is not None:
+            self._held.append(data)
+        elif not self.ended:
             self.reader.feed_data(data)
 
     def end(self) -> None:
         if not self.ended:
             self.ended = True
             self.reader.feed_eof()
+
+    def hold(self) -> None:
+        """Keep what arrives from now on (a frozen process's kernel buffers it; nobody reads it)."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        """Deliver what was held, and what comes next."""
+        held, self._held = self._held or [], None
+        for data in held:
+            self.feed(data)
 
 
 class _Transport:
@@ -94,6 +108,7 @@ class _Pipe:
 
     def __init__(self, client_at: tuple[str, int], server_at: tuple[str, int], max_payload: int, label: str) -> None:
         to_client, to_server = _Inbox(), _Inbox()
+        self.inboxes = (to_client, to_server)
         self.server_at = server_at
         self.client_writer = _PipeWriter(to_client, to_server, server_at)
         self.server_writer = _PipeWriter(to_server, to_client, client_at)
@@ -130,6 +145,7 @@ class MemoryNetwork:
         self._listeners: dict[tuple[str, int], MemoryListener] = {}
         self._pipes: list[tuple[str, _Pipe]] = []
         self._gone: set[str] = set()
+        self._frozen: set[str] = set()
         self._ports = itertools.count(20000)
         self.dials: list[tuple[str, tuple[str, int]]] = []
         """Every (host, address) dialled, in order: a test can see who reached whom."""
@@ -157,11 +173,28 @@ class MemoryNetwork:
             raise PeerUnavailableError(f"cannot reach {where}: connection refused")
         pipe = _Pipe((host, next(self._ports)), address, max_payload, where)
         self._pipes.append((host, pipe))
+        if {host, address[0]} & self._frozen:
+            for inbox in pipe.inboxes:
+                inbox.hold()
         task = asyncio.get_running_loop().create_task(listener.accept(pipe.server))
         listener.tasks.add(task)
         task.add_done_callback(listener.tasks.discard)
         await asyncio.sleep(0)
         return pipe.client
+
+    def _pipes_of(self, host: str) -> list[_Pipe]:
+        return [pipe for dialler, pipe in self._pipes if host in (dialler, pipe.server_at[0])]
+
+    def _freeze(self, host: str, frozen: bool) -> None:
+        self._frozen.discard(host)
+        if frozen:
+            self._frozen.add(host)
+        for pipe in self._pipes_of(host):
+            for inbox in pipe.inboxes:
+                if frozen:
+                    inbox.hold()
+                else:
+                    inbox.release()
 
     def _vanish(self, host: str) -> None:
         self._gone.add(host)
@@ -191,6 +224,15 @@ class MemoryHost:
         self, address: tuple[str, int], *, label: str = "", max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: float = 5.0
     ) -> FrameConnection:
         return await self.network._dial(self.name, address, label, max_payload)
+
+    def freeze(self) -> None:
+        """The PC's agent stops (``kill -STOP``): its connections stay up, but nothing it sends leaves and
+        nothing sent to it is read, until :meth:`thaw`."""
+        self.network._freeze(self.name, True)
+
+    def thaw(self) -> None:
+        """The frozen agent runs again: what was held is delivered, in order."""
+        self.network._freeze(self.name, False)
 
     def vanish(self) -> None:
         """The PC goes away at once: it stops listening, and every connection from or to it drops with no

@@ -11,6 +11,7 @@ one toy stage holding every layer, as real stages must give the in-process pipel
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,6 +129,9 @@ class ToyStage:
     """Positions run through this stage, all sessions told (a resumed turn computes only its new part)."""
     steps: list[int] = field(default_factory=list)
     """The length of every step computed, in order."""
+    prefill_seconds: float = 0.0
+    """Each step of more than one position also takes this long (a long prompt's prefill, on the worker
+    thread as a real stage computes)."""
 
     def new_session(self) -> ToySession:
         self.sessions_made += 1
@@ -152,6 +156,8 @@ class ToySession:
         n = inputs.shape[1]
         if n < 1:
             raise RuntimeStageError("step needs at least one position")
+        if n > 1 and stage.prefill_seconds:
+            time.sleep(stage.prefill_seconds)
         if positions is None:
             positions = np.arange(self._logical, self._logical + n, dtype=np.int64)[None]
         if stage.graph.embeddings:
@@ -213,4 +219,3 @@ class ToyTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(ord("a") + (i - FIRST_TEXT_ID) % 26) for i in ids if i >= FIRST_TEXT_ID)
-
