@@ -1,12 +1,13 @@
 """``python -m bench chat``: a multi-turn conversation through a chat agent that keeps its sessions between
 turns, side by side with one that starts every turn afresh.
 
-One ring of one-thread agents (stages 1.. on the agent core) serves two stage-0 agents with a chat
-endpoint, both on the head core: one keeps a finished answer's session (``--chat-keep``), the other
-does not (``--chat-keep 0``). Each round holds the same conversation with both, in rotated order; a
-turn sends every turn before it with its answer, as a chat client does. Measured per turn, from the
-client: the time to the first token (the prompt's step: with a kept session only the new message is
-computed) and the whole turn. The answers must be identical token for token.
+One ring of one-thread agents (stages 1.., on one core each in stage order, ``--agent-core`` as for
+``python -m bench ring``) serves two stage-0 agents with a chat endpoint, both on the head core: one
+keeps a finished answer's session (``--chat-keep``), the other does not (``--chat-keep 0``). Each
+round holds the same conversation with both, in rotated order; a turn sends every turn before it
+with its answer, as a chat client does. Measured per turn, from the client: the time to the first
+token (the prompt's step: with a kept session only the new message is computed) and the whole turn.
+The answers must be identical token for token.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -23,9 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.node.launcher import LocalAgent
 from bench import BenchError
+from bench.agents import PinnedCores, add_core_arguments, cores_text, pick_cores, start_agent
 from bench.baseline import shoal_export
-from bench.ring_bench import DEFAULT_PROMPT, AgentProcess
+from bench.ring_bench import DEFAULT_PROMPT
 from bench.shards_bench import append_markdown, command_line, describe_machine, rotation, slug
 from bench.stats import Summary, paired_ratios
 
@@ -41,7 +43,7 @@ def _progress(text: str) -> None:
 
 
 @dataclass(frozen=True)
-class ChatBenchSettings:
+class ChatBenchSettings(PinnedCores):
     """What ``python -m bench chat`` was asked to measure, validated."""
 
     model: str
@@ -50,7 +52,9 @@ class ChatBenchSettings:
     tokens: int
     turns: tuple[str, ...]
     head_core: int
-    agent_core: int
+    """The core of both chat agents (stage 0)."""
+    agent_cores: tuple[int, ...]
+    """The other agents' cores in stage order (stage 1 first); with fewer cores than agents, the last is shared."""
     precision: str = "auto"
 
     @classmethod
@@ -60,11 +64,7 @@ class ChatBenchSettings:
         if args.stages < 2:
             raise BenchError("a ring needs at least 2 stages (the chat agent holds stage 0)")
         turns = (args.prompt or DEFAULT_PROMPT, *(args.follow_up or DEFAULT_FOLLOW_UPS))
-        allowed = sorted(os.sched_getaffinity(0))
-        head_core = allowed[0] if args.head_core is None else args.head_core
-        agent_core = allowed[-1] if args.agent_core is None else args.agent_core
-        if head_core not in allowed or agent_core not in allowed:
-            raise BenchError(f"--head-core/--agent-core must be among the usable cores {allowed}")
+        head_core, agent_cores = pick_cores(args.head_core, args.agent_core)
         return cls(
             model=args.model,
             stages=args.stages,
@@ -72,7 +72,7 @@ class ChatBenchSettings:
             tokens=args.tokens,
             turns=turns,
             head_core=head_core,
-            agent_core=agent_core,
+            agent_cores=agent_cores,
             precision=args.precision,
         )
 
@@ -97,8 +97,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         default="auto",
         help="every agent's inference precision (as `shoal agent --precision`; default auto)",
     )
-    b.add_argument("--head-core", type=int, default=None, help="core of the chat agents (default: the first)")
-    b.add_argument("--agent-core", type=int, default=None, help="core of the other agents (default: the last)")
+    add_core_arguments(b, head_help="core of the chat agents (default: the first)")
     b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
 
@@ -125,7 +124,7 @@ class ChatRing:
         self.export = export
         self.cache_dir = cache_dir
         self.log_dir = log_dir
-        self.agents: list[AgentProcess] = []
+        self.agents: list[LocalAgent] = []
         self.endpoints: dict[str, Path] = {}
 
     def start(self, fleet_dir: Path) -> None:
@@ -136,26 +135,31 @@ class ChatRing:
         last: tuple[str, int] | None = None
         for index in range(settings.stages - 1, 0, -1):  # last stage first: each is told the next one's address
             identity = issue_node(fleet_dir, f"stage-{index}")
-            agent = AgentProcess(
+            core = settings.agent_core(index)
+            _progress(f"starting the agent of stage {index} on core {core}")
+            agent = start_agent(
                 self.export,
                 index,
                 identity.cert.parent,
-                settings.agent_core,
+                core,
                 self.cache_dir,
                 self.log_dir / f"agent{index}.log",
                 address,
                 extra=["--precision", settings.precision],
             )
             self.agents.append(agent)
-            _progress(f"starting the agent of stage {index} on core {settings.agent_core}")
-            address = agent.wait_ready()
+            address = agent.address
             last = last or address
         assert address is not None and last is not None
         for mode in MODES:
             identity = issue_node(fleet_dir, f"chat-{mode}")
             endpoint = self.log_dir / f"chat-{mode}.json"
             keep = ["--chat-keep", "3600", "--chat-keep-max", "1"] if mode == "kept" else ["--chat-keep", "0"]
-            agent = AgentProcess(
+            _progress(
+                f"starting the chat agent that {'keeps' if mode == 'kept' else 'does not keep'} sessions, "
+                f"on core {settings.head_core}"
+            )
+            agent = start_agent(
                 self.export,
                 0,
                 identity.cert.parent,
@@ -176,16 +180,11 @@ class ChatRing:
                 ],
             )
             self.agents.append(agent)
-            _progress(
-                f"starting the chat agent that {'keeps' if mode == 'kept' else 'does not keep'} sessions, "
-                f"on core {settings.head_core}"
-            )
-            agent.wait_ready()
             self.endpoints[mode] = endpoint
 
     def stop(self) -> None:
         for agent in reversed(self.agents):
-            agent.close()
+            agent.stop(timeout=30)
 
 
 async def _turn(
@@ -289,8 +288,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']:.0f} GB RAM; OpenVINO "
         f"{machine['openvino']}. Two stage-0 chat agents on core {settings['head_core']} (one keeping a finished "
-        f"answer's session, `--chat-keep`, the other not, `--chat-keep 0`), the other stages' agents on core "
-        f"{settings['agent_core']}; every agent `--threads 1`.",
+        f"answer's session, `--chat-keep`, the other not, `--chat-keep 0`), the other stages' agents on "
+        f"{cores_text(settings['agent_cores'], settings['stages'] - 1)}; every agent `--threads 1`.",
         "",
         f"Method: {settings['model']} in {settings['stages']} stages; a conversation of {len(settings['turns'])} "
         f"user turns, each sent with every turn and answer before it (greedy, at most {settings['tokens']} tokens "

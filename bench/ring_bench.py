@@ -42,7 +42,6 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
 import statistics
 import subprocess
@@ -52,14 +51,22 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.cli.common import core_list, layer_counts
+from agent.cli.common import layer_counts
+from agent.node.launcher import LocalAgent
 from agent.runtime.config import REWINDS
 from bench import BenchError, select_configs
+from bench.agents import PinnedCores, add_core_arguments, cores_text, cpu_seconds, pick_cores, start_agent
 from bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
 from bench.shards_bench import append_markdown, command_line, describe_machine, rotation, slug
 from bench.stats import Summary, agreement, paired_ratios
+from bench.worker import RequestTimers
+
+if TYPE_CHECKING:  # OpenVINO is loaded once the head is pinned to its core
+    from agent.cli.status_cmd import StatusLink
+    from agent.runtime.session import StageSession
+    from agent.runtime.stage import CompiledStage
 
 CONFIGS = ("mono", "pp", "pp+sd", "pp+mb", "pp+sd+mb")
 USERS = {"mono": 1, "pp": 1, "pp+sd": 1, "pp+mb": 2, "pp+sd+mb": 2}
@@ -76,7 +83,6 @@ DEFAULT_DEPTH = 1
 """Steps of a session in flight: pipelining measured no gain on the benchmark's answer (docs/benchmarks.md)."""
 WARMUP_PROMPT_TOKENS = 16
 """A ring warm-up decodes from this many prompt tokens: it only has to wake both cores, not pay a prefill."""
-AGENT_READY_TIMEOUT = 900.0
 QUIET_BUSY = 0.15
 """With ``--quiet-wait``, a round starts once other processes use at most this share of the machine."""
 QUIET_POLL_S = 5.0
@@ -133,7 +139,7 @@ class Setup:
 
 
 @dataclass(frozen=True)
-class RingSettings:
+class RingSettings(PinnedCores):
     """What ``python -m bench ring`` was asked to measure, validated."""
 
     setups: tuple[Setup, ...]
@@ -196,13 +202,7 @@ class RingSettings:
         latency_setups = None
         if args.latency_setups:
             latency_setups = frozenset(_setup(text) for text in args.latency_setups.split(",") if text.strip())
-        allowed = sorted(os.sched_getaffinity(0))
-        head_core = allowed[0] if args.head_core is None else args.head_core
-        agent_cores = tuple(args.agent_core) if args.agent_core else (allowed[-1],)
-        if head_core not in allowed or any(core not in allowed for core in agent_cores):
-            raise BenchError(f"--head-core/--agent-core must be among the usable cores {allowed}")
-        if head_core in agent_cores and len(allowed) > 1:
-            raise BenchError("the head and the agents need different cores")
+        head_core, agent_cores = pick_cores(args.head_core, args.agent_core)
         return cls(
             setups=setups,
             latencies=latencies,
@@ -224,15 +224,6 @@ class RingSettings:
             draft_model=args.draft_model,
             draft_ahead=args.draft_ahead,
         )
-
-    def agent_core(self, stage: int) -> int:
-        """The core of the agent serving ``stage`` (1 and up: the head holds stage 0)."""
-        return self.agent_cores[min(stage - 1, len(self.agent_cores) - 1)]
-
-    def spare_cores(self) -> list[int]:
-        """Usable cores that neither the head nor an agent is pinned to (where the delay proxies go)."""
-        taken = {self.head_core, *self.agent_cores}
-        return [core for core in sorted(os.sched_getaffinity(0)) if core not in taken]
 
     def draft_model_for(self, model: str) -> str | None:
         """The separate draft model of a setup (``--draft-model``, else the default), None for its self-draft."""
@@ -338,15 +329,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         default=None,
         help=f"untimed tokens right before each run (default {DEFAULT_WARMUP_TOKENS})",
     )
-    b.add_argument("--head-core", type=int, default=None, help="core of the head and of mono (default: the first)")
-    b.add_argument(
-        "--agent-core",
-        type=core_list,
-        default=None,
-        metavar="N[,N...]",
-        help="cores of the agents, one per agent in stage order (stage 1 first; the last is shared by any "
-        "further agents; default: the last core)",
-    )
+    add_core_arguments(b, head_help="core of the head and of mono (default: the first)")
     b.add_argument("--prompt", default=None, help="user message (default: add type hints to a 15-line function)")
     b.add_argument(
         "--quiet-wait",
@@ -443,27 +426,21 @@ def prepare_exports(settings: RingSettings, cache_dir: Path) -> dict[Setup, Setu
 
 
 # -- processes: agents and the delay proxy ---------------------------------------------------------
-def _read_line(proc: subprocess.Popen[str], timeout: float, what: str, log: Path | None = None) -> str:
+def _read_line(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise BenchError(f"{what} did not answer within {timeout:.0f} s" + _tail(log))
+            raise BenchError(f"{what} did not answer within {timeout:.0f} s")
         ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 1.0))
         if ready:
             line = proc.stdout.readline()
             if not line:
-                raise BenchError(f"{what} ended (exit {proc.wait()})" + _tail(log))
+                raise BenchError(f"{what} ended (exit {proc.wait()})")
             return line.strip()
         if proc.poll() is not None:
-            raise BenchError(f"{what} ended (exit {proc.returncode})" + _tail(log))
-
-
-def _tail(log: Path | None) -> str:
-    if log is None or not log.is_file():
-        return ""
-    return ":\n" + "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
+            raise BenchError(f"{what} ended (exit {proc.returncode})")
 
 
 class ProxyProcess:
@@ -519,93 +496,6 @@ class ProxyProcess:
                 self._proc.wait()
 
 
-class AgentProcess:
-    """One ``shoal agent`` serving one stage, pinned to a core with taskset, one inference thread."""
-
-    def __init__(
-        self,
-        export: Path,
-        stage: int,
-        identity: Path,
-        core: int,
-        cache_dir: Path,
-        log: Path,
-        next_address: tuple[str, int] | None,
-        rewind: str = "auto",
-        extra: Sequence[str] = (),
-    ) -> None:
-        """``extra``: further ``shoal agent`` flags (a chat endpoint, say)."""
-        command = [
-            sys.executable,
-            "-m",
-            "agent.cli.main",
-            "--cache-dir",
-            str(cache_dir),
-            "agent",
-            str(export),
-            "--stage",
-            str(stage),
-            "--identity",
-            str(identity),
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--device",
-            "CPU",
-            "--no-verify",
-            "--rewind",
-            rewind,
-            *extra,
-        ]
-        if next_address is not None:
-            command += ["--next", f"{next_address[0]}:{next_address[1]}"]
-        preexec = None
-        if shutil.which("taskset"):
-            command = ["taskset", "-c", str(core), *command]
-        else:
-
-            def preexec() -> None:
-                os.sched_setaffinity(0, {core})
-
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-        self.stage = stage
-        self.log = log
-        self._log_file = log.open("w")
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env=env, preexec_fn=preexec
-        )
-        self.address: tuple[str, int] | None = None
-
-    def wait_ready(self) -> tuple[str, int]:
-        line = _read_line(self.proc, AGENT_READY_TIMEOUT, f"agent for stage {self.stage}", self.log)
-        while not line.startswith("shoal agent: ready"):
-            line = _read_line(self.proc, AGENT_READY_TIMEOUT, f"agent for stage {self.stage}", self.log)
-        listen = next(part for part in line.split() if part.startswith("listen="))
-        host, _, port = listen.split("=", 1)[1].rpartition(":")
-        self.address = (host, int(port))
-        return self.address
-
-    def cpu_seconds(self) -> float:
-        import psutil
-
-        try:
-            times = psutil.Process(self.proc.pid).cpu_times()
-        except psutil.Error:
-            return 0.0
-        return float(times.user + times.system)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log_file.close()
-
-
 # -- the head --------------------------------------------------------------------------------------
 class TimingExecutor(ThreadPoolExecutor):
     """The head's one worker thread, adding up the wall time of what runs on it, by function name."""
@@ -625,39 +515,6 @@ class TimingExecutor(ThreadPoolExecutor):
                 self.seconds[name] += time.perf_counter() - start
 
         return super().submit(timed)
-
-
-class StatusProbe:
-    """A status connection held open to one agent (straight to its port, not through the proxy)."""
-
-    def __init__(self, connection: Any) -> None:
-        self._connection = connection
-
-    @classmethod
-    async def open(cls, address: tuple[str, int], identity: Any) -> StatusProbe:
-        from agent.transport.connection import dial, expect
-        from agent.transport.tls import client_context
-        from agent.wire import FrameType
-        from agent.wire.messages import Hello
-
-        connection = await dial(*address, client_context(identity), label=f"status {address[1]}")
-        await connection.send(Hello(node=identity.name, role="status").to_frame())
-        await expect(connection, FrameType.HELLO, 10.0)
-        return cls(connection)
-
-    async def get(self) -> dict[str, Any]:
-        from agent.transport.connection import expect
-        from agent.wire import Frame, FrameType
-
-        await self._connection.send(Frame(FrameType.STATUS_REQUEST))
-        frame = await expect(self._connection, FrameType.STATUS, 10.0)
-        data = json.loads(frame.body())
-        if not isinstance(data, dict):
-            raise BenchError("an agent's status is not a JSON object")
-        return data
-
-    async def close(self) -> None:
-        await self._connection.close()
 
 
 @dataclass
@@ -747,15 +604,19 @@ class Ring:
         self.cache_dir = cache_dir
         self.fleet_dir = fleet_dir
         self.log_dir = log_dir
-        self.agents: list[AgentProcess] = []
+        self.agents: list[LocalAgent] = []
         self.proxy: ProxyProcess | None = None
         self.proxied: list[tuple[str, int]] = []
+        self.stages: list[CompiledStage] = []
+        """The head's own stages (stage 0)."""
         self.client: Any = None
-        self.probes: list[StatusProbe] = []
+        self.status_links: list[StatusLink] = []
+        """Held open to each agent (straight to its port, not through the proxy): its counters in one round trip."""
         self.executor = TimingExecutor()
         self.drafters: dict[str, list[Any]] = {}
-        self.local_sessions: list[Any] = []
-        """The head's stage sessions of the running configuration, their requests wrapped in ``TimedRequest``."""
+        self.local_sessions: list[StageSession] = []
+        """The head's stage sessions of the running (or last) configuration, their inferences timed by ``timers``."""
+        self.timers = RequestTimers()
 
     # bring-up ------------------------------------------------------------------------------------
     def start_processes(self) -> None:
@@ -767,25 +628,24 @@ class Ring:
         # last stage first: each agent is told the proxied address of the next one
         for index in range(stages - 1, 0, -1):
             identity = issue_node(self.fleet_dir, f"stage-{index}")
-            agent = AgentProcess(
+            core = self.settings.agent_core(index)
+            _progress(f"{self.setup.label}: starting the agent of stage {index} on core {core}")
+            agent = start_agent(
                 self.exports.ring,
                 index,
                 identity.cert.parent,
-                self.settings.agent_core(index),
+                core,
                 self.cache_dir,
                 self.log_dir / f"{slug(self.setup.model)}-{stages}stage-agent{index}.log",
                 addresses.get(index + 1),
-                self.settings.rewind,
+                extra=["--rewind", self.settings.rewind],
             )
             self.agents.insert(0, agent)
-            _progress(
-                f"{self.setup.label}: starting the agent of stage {index} on core {self.settings.agent_core(index)}"
-            )
-            direct = agent.wait_ready()
-            addresses[index] = self.proxy.add(direct)
+            addresses[index] = self.proxy.add(agent.address)
         self.proxied = [addresses[i] for i in range(1, stages)]
 
     async def connect(self) -> None:
+        from agent.cli.status_cmd import StatusLink
         from agent.fleet import issue_node
         from agent.head.drafting import make_drafter
         from agent.head.ring_client import RingClient
@@ -803,20 +663,18 @@ class Ring:
             device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache", rewind=self.settings.rewind
         )
         _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
-        stage0 = CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)
+        self.stages = [CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)]
         self.client = RingClient(
             self.manifest,
             self.proxied[0],
             self.proxied[-1],
             TlsNetwork.of(identity),
             identity.name,
-            local_stages=[stage0],
+            local_stages=self.stages,
             executor=self.executor,
         )
         await self.client.connect(timeout=120.0)
-        self.probes = [
-            await StatusProbe.open(agent.address, identity) for agent in self.agents if agent.address is not None
-        ]
+        self.status_links = [await StatusLink.open(agent.address, identity) for agent in self.agents]
         params = SamplingParams()
         users = max(USERS[c] for c in self.settings.configs)
         kinds = DRAFTER_KINDS if self.settings.drafter == "best" else (self.settings.drafter,)
@@ -828,9 +686,9 @@ class Ring:
                 ]
 
     async def close(self) -> None:
-        for probe in self.probes:
+        for link in self.status_links:
             with contextlib.suppress(Exception):
-                await probe.close()
+                await link.close()
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
@@ -838,7 +696,7 @@ class Ring:
 
     def stop_processes(self) -> None:
         for agent in self.agents:
-            agent.close()
+            agent.stop(timeout=30)
         if self.proxy is not None:
             self.proxy.close()
 
@@ -847,7 +705,7 @@ class Ring:
         """CPU time used so far by the head process, the agents and the proxy process."""
         import psutil
 
-        total = sum(agent.cpu_seconds() for agent in self.agents)
+        total = sum(cpu_seconds(agent) for agent in self.agents)
         pids = [os.getpid()] + ([self.proxy.pid] if self.proxy is not None else [])
         for pid in pids:
             with contextlib.suppress(psutil.Error):
@@ -896,11 +754,11 @@ class Ring:
 
     async def _with_agents(self, shot: _Snapshot) -> _Snapshot:
         """``shot`` with the agents' counters (their status and their processes' CPU time) read now."""
-        statuses = await asyncio.gather(*(probe.get() for probe in self.probes))
+        statuses = await asyncio.gather(*(link.get() for link in self.status_links))
         shot.agent_compute = [float(s["compute_seconds"]) for s in statuses]
         shot.agent_kv_cut = [float(s.get("kv_cut_seconds", 0.0)) for s in statuses]
         shot.agent_steps = [int(s["steps_served"]) for s in statuses]
-        shot.agent_cpu = [agent.cpu_seconds() for agent in self.agents]
+        shot.agent_cpu = [cpu_seconds(agent) for agent in self.agents]
         return shot
 
     def _head_snapshot(self) -> _Snapshot:
@@ -910,8 +768,8 @@ class Ring:
             loop_cpu=cpu.ru_utime + cpu.ru_stime,
             loop_kernel=cpu.ru_stime,
             executor=dict(self.executor.seconds),
-            infer=sum(s._request.infer_s for s in self.local_sessions),
-            ov_latency=sum(s._request.latency_s for s in self.local_sessions),
+            infer=self.timers.infer_s,
+            ov_latency=self.timers.latency_s,
             kv_cut=sum(s.kv_cut_seconds for s in self.local_sessions),
         )
 
@@ -922,16 +780,19 @@ class Ring:
         from agent.head.adaptive_k import AdaptiveK
         from agent.head.decode import DecodeStats, decode
         from agent.sampling.params import SamplingParams
-        from bench.worker import TimedRequest
 
         users = USERS[config]
         params = SamplingParams()
-        sessions = [self.client.session(params) for _ in range(users)]
-        for session in sessions:
-            # time the head's own stage-0 requests (the benchmark's only reach into a session's internals)
-            for stage_session in session._local:
-                stage_session._request = TimedRequest(stage_session._request)
-                self.local_sessions.append(stage_session)
+        # the head's own stage sessions, their inferences timed
+        self.timers = RequestTimers()
+        self.local_sessions = []
+        sessions = []
+        for _ in range(users):
+            local = [stage.new_session() for stage in self.stages]
+            for stage_session in local:
+                self.timers.time(stage_session)
+            self.local_sessions += local
+            sessions.append(self.client.session(params, local))
         drafters: list[Any] = [None] * users
         if drafter_kind is not None:
             drafters = self.drafters[drafter_kind][:users]
@@ -975,9 +836,6 @@ class Ring:
             for session in sessions:
                 with contextlib.suppress(Exception):
                     await session.close()
-            for session in sessions:
-                for stage_session in session._local:
-                    self.local_sessions = [s for s in self.local_sessions if s is not stage_session]
         foreign = self.foreign_between(load_start, self.load_mark())
         wire_sent = sum(s.bytes_sent - s.prompt_bytes_sent for s in sessions)
         wire_received = sum(s.bytes_received - s.prompt_bytes_received for s in sessions)
@@ -1625,18 +1483,8 @@ def _bytes_per_step(split: dict[str, Any]) -> str:
 
 
 def _cores_text(agent_cores: list[int], report: dict[str, Any]) -> str:
-    """Which cores the agents ran on, in words: one each, or the last one shared by the agents beyond the list."""
-    agents = max(s["stages"] for s in report["setups"]) - 1
-    named = ", ".join(str(core) for core in agent_cores[:agents])
-    if agents == 1:
-        return f"core {agent_cores[0]}"
-    if len(agent_cores) >= agents:
-        return f"one core each (cores {named} in stage order)"
-    if len(agent_cores) == 1:
-        return f"core {agent_cores[0]}, which the {agents} agents share"
-    return (
-        f"cores {named} in stage order, the agents of stages {len(agent_cores)}-{agents} sharing core {agent_cores[-1]}"
-    )
+    """Which cores the agents of the report's largest ring ran on, in words."""
+    return cores_text(agent_cores, max(s["stages"] for s in report["setups"]) - 1)
 
 
 def render_table(report: dict[str, Any]) -> str:

@@ -334,7 +334,8 @@ def _cpu_model() -> str:
 
 
 def command_line() -> str:
-    return shlex.join(["shoal", *sys.argv[1:]])
+    """The command that produced a report, as the user typed it (``python -m bench ...``)."""
+    return shlex.join(["python", "-m", "bench", *sys.argv[1:]])
 
 
 def append_markdown(path: Path, section: str) -> None:

@@ -23,10 +23,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from bench import BenchError
 from bench.peak import peak_rss_bytes
+
+if TYPE_CHECKING:  # OpenVINO is imported after the worker pinned itself to its core
+    from agent.runtime.session import StageSession
 
 KINDS = ("mono", "shoal")
 RUN, QUIT = "run", "quit"
@@ -88,7 +91,8 @@ class RunResult:
 
 
 class TimedRequest:
-    """Stands in for an ``ov.InferRequest`` and adds up the time its ``infer`` calls take."""
+    """Stands in for an ``ov.InferRequest`` (``StageSession.wrap_requests``) and adds up the time its ``infer``
+    calls take: their wall time, and OpenVINO's own ``latency`` of each."""
 
     def __init__(self, request: Any) -> None:
         self._request = request
@@ -104,6 +108,32 @@ class TimedRequest:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._request, name)
+
+
+class RequestTimers:
+    """The :class:`TimedRequest` of every InferRequest of the stage sessions given to :meth:`time`, added up."""
+
+    def __init__(self) -> None:
+        self.requests: list[TimedRequest] = []
+
+    def time(self, session: StageSession) -> None:
+        """Time ``session``'s inferences from now on."""
+        session.wrap_requests(self._wrap)
+
+    def _wrap(self, request: Any) -> TimedRequest:
+        timer = TimedRequest(request)
+        self.requests.append(timer)
+        return timer
+
+    @property
+    def infer_s(self) -> float:
+        """Wall time of every ``infer`` call so far."""
+        return sum(r.infer_s for r in self.requests)
+
+    @property
+    def latency_s(self) -> float:
+        """OpenVINO's own latency of every ``infer`` call so far."""
+        return sum(r.latency_s for r in self.requests)
 
 
 @dataclass(frozen=True)
@@ -147,13 +177,10 @@ class ShoalRunner:
         from bench.plain_decode import generate
 
         session = self.pipeline.new_session()
-        timers = []
+        timers = RequestTimers()
         for stage in session.stages:
             assert isinstance(stage, StageSession)
-            # the benchmark's only reach into a session's internals: time its InferRequest
-            timer = TimedRequest(stage._request)
-            stage._request = timer
-            timers.append(timer)
+            timers.time(stage)
         tokens: list[int] = []
         stamps: list[float] = []
         at_first = (0.0, 0.0)
@@ -164,13 +191,13 @@ class ShoalRunner:
             stamps.append(time.perf_counter())
             tokens.append(token)
             if len(tokens) == 1:
-                at_first = (sum(t.infer_s for t in timers), sum(t.latency_s for t in timers))
+                at_first = (timers.infer_s, timers.latency_s)
         return Generation(
             tokens=tokens,
             ttft_s=stamps[0] - began,
             decode_s=stamps[-1] - stamps[0],
-            infer_s=sum(t.infer_s for t in timers) - at_first[0],
-            ov_latency_s=sum(t.latency_s for t in timers) - at_first[1],
+            infer_s=timers.infer_s - at_first[0],
+            ov_latency_s=timers.latency_s - at_first[1],
         )
 
 

@@ -11,6 +11,7 @@ then compacts instead, copying the state without the rejected positions.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import openvino as ov
@@ -62,6 +63,14 @@ class StageSession:
         self._beam_idx = np.zeros(1, dtype=np.int32)
         self.kv_cut_seconds = 0.0
         """Time spent cutting rejected positions out of the KV state (``compact_rewind``), all told."""
+
+    def wrap_requests(self, wrap: Callable[[ov.InferRequest], ov.InferRequest]) -> None:
+        """Instrumentation: from now on this session runs on ``wrap(request)`` in place of each of its
+        InferRequests (the long-step one too): a stand-in that passes every call on to the request it wraps,
+        and times ``infer``, say (as the benchmark harness does). Sessions never wrapped are unchanged."""
+        self._request = wrap(self._request)
+        if self._prefill is not None:
+            self._prefill = (wrap(self._prefill[0]), self._prefill[1])
 
     @property
     def logical_length(self) -> int:

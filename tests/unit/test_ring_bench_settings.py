@@ -1,4 +1,5 @@
-"""``python -m bench ring``'s options: setups, latencies, and which draft model each setup gets."""
+"""``python -m bench ring``'s options: setups, latencies, which draft model each setup gets, and the cores (which
+``python -m bench chat`` takes the same way)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,19 @@ def test_agent_cores_are_one_per_agent_in_stage_order_and_the_last_is_shared(mon
         _settings("--head-core", "1", "--agent-core", "1,2")  # the head's core is not an agent's
     with pytest.raises(SystemExit):
         _settings("--agent-core", "1,x")
+
+
+def test_the_chat_bench_takes_the_same_agent_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.chat_bench import ChatBenchSettings
+    from bench.chat_bench import add_arguments as add_chat_arguments
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)))
+    parser = argparse.ArgumentParser()
+    add_chat_arguments(parser)
+    settings = ChatBenchSettings.from_args(
+        parser.parse_args(["--stages", "4", "--head-core", "0", "--agent-core", "1,2"])
+    )
+    assert [settings.agent_core(stage) for stage in (1, 2, 3)] == [1, 2, 2]
+    assert ChatBenchSettings.from_args(parser.parse_args(["--head-core", "0"])).agent_cores == (7,)
+    with pytest.raises(BenchError):
+        ChatBenchSettings.from_args(parser.parse_args(["--head-core", "1", "--agent-core", "1,2"]))
