@@ -80,6 +80,7 @@ class Daemon:
     ) -> None:
         """``network``: how the agent reaches and accepts peers (``TlsNetwork.of(identity)``: see
         :meth:`build`); ``load_tokenizer``: reads the export's tokenizer (default: ``ChatTokenizer``)."""
+        _check_ring_flags(config, manifest)
         self.config = config
         self.node = node
         self.server = StageServer(config, manifest, stages, node, network)
@@ -112,8 +113,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         identity = await loop.run_in_executor(None, NodeIdentity.load, config.identity_dir)
         manifest = await loop.run_in_executor(None, Manifest.load, config.export_dir)
-        if config.stages[-1] >= len(manifest.stages):
-            raise ConfigError(f"the export has {len(manifest.stages)} stages; there is no stage {config.stages[-1]}")
+        _check_ring_flags(config, manifest)
         graphs = [manifest.stages[i] for i in config.stages]
         if config.verify:
             await loop.run_in_executor(None, lambda: manifest.verify(config.export_dir, graphs=graphs, progress=False))
@@ -161,6 +161,34 @@ class Daemon:
             f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} "
             f"stages={','.join(map(str, self.config.stages))} layers={graphs[0].layer_start}-"
             f"{graphs[-1].layer_stop - 1} device={self.server.stages[0].device}{chat}"
+        )
+
+
+def _check_ring_flags(config: AgentConfig, manifest: Manifest) -> None:
+    """Refuse ring addresses that contradict the stages this agent serves (they would send a chat's steps
+    or wait for its answers where they never arrive)."""
+    if config.stages[-1] >= len(manifest.stages):
+        raise ConfigError(f"the export has {len(manifest.stages)} stages; there is no stage {config.stages[-1]}")
+    last = len(manifest.stages) - 1
+    if config.chat is not None and config.stages[-1] == last and config.ring_last is not None:
+        raise ConfigError(
+            f"this agent serves the last stage ({last}), so it answers its own chats: ring_last "
+            f"({config.ring_last[0]}:{config.ring_last[1]}) names another last stage; drop --ring-last, or serve "
+            "another stage"
+        )
+    if config.chat is not None and config.stages[0] == 0 and config.ring_first is not None:
+        raise ConfigError(
+            "this agent serves stage 0, so its chats start on it: ring_first names another stage 0; drop --ring-first"
+        )
+    if config.stages[-1] != last and config.next is None:
+        raise ConfigError(
+            f"stage(s) {', '.join(map(str, config.stages))} are not the last ({last}): the next stage's address is "
+            "needed (--next)"
+        )
+    if config.stages[-1] == last and config.next is not None:
+        raise ConfigError(
+            f"this agent serves the last stage ({last}): it has no next stage, but next is "
+            f"{config.next[0]}:{config.next[1]}; drop --next"
         )
 
 

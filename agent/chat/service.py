@@ -48,7 +48,7 @@ from agent.head.chat import ChatTokenizer, TextStream, check_prompt
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import DrafterFactory
 from agent.head.resumable import ResumableTarget
-from agent.head.ring_client import RingClient
+from agent.head.ring_client import RingClient, StepDeadline
 from agent.head.targets import LocalTarget, Target
 from agent.node.config import AgentConfig
 from agent.node.server import StageServer
@@ -453,6 +453,7 @@ class ChatService:
                     max_payload=self.config.max_payload,
                     wire_dtype=self.config.wire_dtype,
                     liveness=self.config.liveness,
+                    deadline=StepDeadline(self.config.step_timeout),
                 )
                 await client.connect(RING_TIMEOUT)
                 self._client = client

@@ -13,6 +13,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,22 @@ from shards.manifest import Manifest
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class StepDeadline:
+    """How long a head waits for the answer to one step before it gives the session up.
+
+    Heartbeats notice a frozen or vanished peer within seconds; this is the backstop for an answer that
+    will never come over a link that lives (a stage that dropped the session without a word). A prompt's
+    step may take long (a 4,095-token prompt took 138 s through a 3-agent ring on 2 cores), so the
+    allowance grows with the positions a step carries."""
+
+    base: float = 30.0
+    per_position: float = 0.1
+
+    def seconds(self, positions: int) -> float:
+        return self.base + self.per_position * positions
+
+
 class RingClient:
     """Connections from one head to the ring, shared by all of its sessions."""
 
@@ -59,8 +76,10 @@ class RingClient:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         wire_dtype: str = "auto",
         liveness: Liveness | None = None,
+        deadline: StepDeadline | None = None,
     ) -> None:
-        """``liveness``: how the head's two links are watched (heartbeats; ``Liveness()`` by default)."""
+        """``liveness``: how the head's two links are watched (heartbeats; ``Liveness()`` by default);
+        ``deadline``: how long one step's answer is waited for (``StepDeadline()`` by default)."""
         self.manifest = manifest
         self.first_address = first
         self.last_address = last
@@ -72,6 +91,7 @@ class RingClient:
         self._executor = executor
         self._max_payload = max_payload
         self._liveness = liveness or Liveness()
+        self.deadline = deadline or StepDeadline()
         self._wire_dtype = wire_numpy_dtype(wire_dtype, self.local_stages[-1]) if self.local_stages else np.float32
         self.head_id = secrets.randbits(32) or 1
         self._first: FrameConnection | None = None
@@ -278,6 +298,20 @@ class RingSession:
             future.set_exception(exc)
             self._fail(SessionFailedError(f"bad result for step {frame.step}: {exc}"))
 
+    def _overdue(self, step: int, seconds: float) -> None:
+        """A step's deadline passed with no answer: the session is given up, and the user told why."""
+        if step in self._pending:
+            last = self.client.last_address
+            log.warning(
+                "node=%s session=%016x: no answer to step %d within %.0f s", self.client.node, self.id, step, seconds
+            )
+            self._fail(
+                PeerUnavailableError(
+                    f"no answer to step {step} within {seconds:.0f} s, though every link of the head answers its "
+                    f"heartbeats (the last stage is {last[0]}:{last[1]})"
+                )
+            )
+
     def _fail(self, error: RingError) -> None:
         self._failure = error
         pending, self._pending = self._pending, {}
@@ -327,8 +361,12 @@ class RingSession:
         # step submitted meanwhile comes after this one.
         self._step += 1
         self._logical = position + len(ids)
-        future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[StepOutput] = loop.create_future()
         future.add_done_callback(ignore_unawaited_failure)
+        seconds = self.client.deadline.seconds(len(ids))
+        overdue = loop.call_later(seconds, self._overdue, step, seconds)
+        future.add_done_callback(lambda _: overdue.cancel())
         self._pending[step] = (future, len(ids))
         if self._local:
             hidden = await self.client.run_local(self._run_local, ids, rewind, position)
@@ -367,5 +405,6 @@ class RingSession:
             return
         self._closed = True
         self.client.forget(self)
-        if self._opened and self._failure is None:
+        if self._opened and self.client.failure is None:
+            # also after a failure: a stage that still holds the session (an answer that never came) frees it
             await self.client.send_first(Frame(FrameType.CLOSE, session=self.id))

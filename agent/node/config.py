@@ -68,6 +68,9 @@ class AgentConfig:
     """Seconds between heartbeats on each ring link this agent dials (``agent.transport.heartbeat``)."""
     link_timeout: float = 5.0
     """A ring peer silent this long (a frozen agent, a network gone) is lost; its sessions fail or replay."""
+    step_timeout: float = 30.0
+    """Seconds a chat's step waits for its answer, plus 0.1 s per position it carries (a prompt), before the
+    session is given up (``agent.head.ring_client.StepDeadline``)."""
 
     @property
     def liveness(self) -> Liveness:
@@ -195,6 +198,7 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "chat_keep_max": _whole(0),
     "heartbeat_interval": _seconds,
     "link_timeout": _seconds,
+    "step_timeout": _seconds,
 }
 """Every agent setting and how its value is read and checked (a message names the setting)."""
 _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
@@ -218,7 +222,7 @@ def load_agent_config(
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
     chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
-    heartbeat_interval, link_timeout.
+    heartbeat_interval, link_timeout, step_timeout.
     """
     values: dict[str, Any] = {}
     if path is not None:

@@ -239,6 +239,8 @@ class StageServer:
             raise _SessionFailure("bad_request", str(exc)) from exc
         if self.table.get(frame.session) is not None:
             raise _SessionFailure("bad_request", f"session {frame.session:016x} is already open")
+        if self.is_last:
+            self._head_of(request)
         if not self.table.make_room():
             log.warning(
                 "node=%s session=%016x refused: all %d sessions in use", self.node, frame.session, self.table.capacity
@@ -287,6 +289,8 @@ class StageServer:
                 f"step at position {frame.position} with rewind {frame.rewind} "
                 f"does not follow the {state.logical_length} positions held",
             )
+        if self.is_last:
+            self._head_of(state.open)  # before computing an answer nobody could be given
         loop = asyncio.get_running_loop()
         started = self._clock()
         cut_before = sum(s.kv_cut_seconds for s in state.stages)
@@ -296,19 +300,22 @@ class StageServer:
         self.steps_served += 1
         state.next_step += 1
         if self.is_last:
-            head = self.heads.get(state.open.head_id)
-            if head is None:
-                log.warning(
-                    "node=%s session=%016x: head %x is not connected; dropping the session",
-                    self.node,
-                    frame.session,
-                    state.open.head_id,
-                )
-                await self._close(frame.session, forward=False)
-                return
+            head = self._head_of(state.open)
             await _send_quietly(head, output)
         else:
             await self._forward(output)
+
+    def _head_of(self, session: SessionOpen) -> FrameConnection:
+        """The connection to a session's head (the last stage answers there), or a failure saying why not:
+        it goes up the way the session came, which leads to the head, so the head fails at once."""
+        head = self.heads.get(session.head_id)
+        if head is None:
+            raise _SessionFailure(
+                "head_unreachable",
+                f"{self.node} is the last stage, and head {session.head_id:x} has no connection to it: its "
+                "answers cannot be delivered (does the head name this agent as the ring's last stage?)",
+            )
+        return head
 
     def _inputs(self, frame: Frame) -> np.ndarray:
         count = frame.count

@@ -62,7 +62,7 @@ class FrameConnection:
             await self._writer.drain()
         except (ConnectionError, ssl.SSLError, OSError) as exc:
             self.closed = True
-            raise PeerUnavailableError(f"lost {self.label} while sending: {exc or type(exc).__name__}") from exc
+            raise PeerUnavailableError(f"lost {self.label} while sending: {_reason(exc)}") from exc
 
     async def receive(self) -> Frame:
         """The next frame; a GOODBYE is returned (and marks the connection finished)."""
@@ -76,7 +76,7 @@ class FrameConnection:
                 data = await self._reader.read(READ_CHUNK)
             except (ConnectionError, ssl.SSLError, OSError) as exc:
                 self.closed = True
-                raise PeerUnavailableError(f"lost {self.label}: {exc or type(exc).__name__}") from exc
+                raise PeerUnavailableError(f"lost {self.label}: {_reason(exc)}") from exc
             if not data:
                 self.closed = True
                 raise PeerUnavailableError(f"{self.label} ended the stream without a goodbye")
@@ -127,7 +127,8 @@ async def dial(
     except ssl.SSLError as exc:  # before OSError, of which it is a subclass
         raise PeerRefusedError(f"refused {where}: TLS handshake failed: {exc}") from exc
     except (ConnectionError, OSError, TimeoutError) as exc:
-        raise PeerUnavailableError(f"cannot reach {where}: {exc or type(exc).__name__}") from exc
+        reason = f"no answer within {timeout:.0f} s" if isinstance(exc, TimeoutError) else _reason(exc)
+        raise PeerUnavailableError(f"cannot reach {where}: {reason}") from exc
     sock = writer.get_extra_info("socket")
     if sock is not None:
         tune_socket(sock)
@@ -147,3 +148,8 @@ async def expect(connection: FrameConnection, kind: FrameType, timeout: float) -
     if frame.type is not kind:
         raise RemoteProtocolError(f"{connection.label} sent {frame.type.name} where {kind.name} was expected")
     return frame
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message, or its kind where it has none (a bare timeout or reset)."""
+    return str(exc) or type(exc).__name__

@@ -117,7 +117,7 @@ class SessionOpen(Message):
         return Frame.message(FrameType.OPEN, self.to_json(), session=session)
 
 
-ERROR_CODES = ("busy", "bad_request", "peer_lost", "stage_failed", "unknown_session", "evicted")
+ERROR_CODES = ("busy", "bad_request", "peer_lost", "stage_failed", "unknown_session", "evicted", "head_unreachable")
 """``evicted``: the session was parked (``FrameType.PARK``) and a stage gave its place to a new one."""
 
 
