@@ -157,16 +157,20 @@ class Daemon:
         """The one line a started agent prints (scripts and the demo wait for it)."""
         graphs = [stage.graph for stage in self.server.stages]
         chat = f" chat={addresses.chat[0]}:{addresses.chat[1]}" if addresses.chat else ""
-        return (
-            f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} "
+        held = (
             f"stages={','.join(map(str, self.config.stages))} layers={graphs[0].layer_start}-"
-            f"{graphs[-1].layer_stop - 1} device={self.server.stages[0].device}{chat}"
+            f"{graphs[-1].layer_stop - 1} device={self.server.stages[0].device}"
+            if graphs
+            else "stages=none"
         )
+        return f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} {held}{chat}"
 
 
 def _check_ring_flags(config: AgentConfig, manifest: Manifest) -> None:
     """Refuse ring addresses that contradict the stages this agent serves (they would send a chat's steps
     or wait for its answers where they never arrive)."""
+    if not config.stages:
+        return  # a head holding no stage: AgentConfig asked for ring_first and ring_last
     if config.stages[-1] >= len(manifest.stages):
         raise ConfigError(f"the export has {len(manifest.stages)} stages; there is no stage {config.stages[-1]}")
     last = len(manifest.stages) - 1

@@ -101,7 +101,7 @@ class ChatService:
         self.tokenizer: ChatTokenizer | None = None  # loaded by start(), off the event loop
         self.drafters = DrafterFactory(config.drafter, config.export_dir, server.manifest, config.runtime)
         self._holds_all = len(server.stages) == len(server.manifest.stages)
-        self._holds_first = server.hello.layer_start == 0
+        self._holds_first = server.serves and server.hello.layer_start == 0
         self._client: RingClient | None = None
         self._connecting = asyncio.Lock()
         self._listener: asyncio.Server | None = None

@@ -32,7 +32,8 @@ class AgentConfig:
 
     export_dir: Path
     stages: tuple[int, ...]
-    """Indices of the consecutive stages this agent serves."""
+    """Indices of the consecutive stages this agent serves; none for a PC that only heads its user's chats
+    (it then needs ``chat``, ``ring_first`` and ``ring_last``)."""
     identity_dir: Path
     """Folder with this node's ``cert.pem``, ``key.pem`` and the fleet's ``ca.pem``."""
     listen: tuple[str, int] = ("127.0.0.1", 0)
@@ -77,7 +78,13 @@ class AgentConfig:
         return Liveness(self.heartbeat_interval, self.link_timeout)
 
     def __post_init__(self) -> None:
-        if not self.stages or list(self.stages) != list(range(self.stages[0], self.stages[0] + len(self.stages))):
+        if not self.stages:
+            if self.chat is None or self.ring_first is None or self.ring_last is None:
+                raise ConfigError(
+                    "an agent that serves no stage heads chats only: give it chat, ring_first and ring_last "
+                    "(--chat, --ring-first, --ring-last), or the stages it serves (--stage)"
+                )
+        elif list(self.stages) != list(range(self.stages[0], self.stages[0] + len(self.stages))):
             raise ConfigError(f"stages must be consecutive indices, not {self.stages}")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions must be at least 1")
@@ -87,7 +94,7 @@ class AgentConfig:
             _require_loopback("the chat endpoint", self.chat)
             if self.chat_file is None:
                 raise ConfigError("chat_file is needed with chat")
-            if self.stages[0] != 0 and self.ring_first is None:
+            if self.stages and self.stages[0] != 0 and self.ring_first is None:
                 raise ConfigError(
                     "an agent that does not serve stage 0 needs ring_first (stage 0's address) to head chats"
                 )
@@ -163,7 +170,7 @@ def _address(name: str, value: Any) -> tuple[str, int] | None:
 
 
 def _stages(name: str, value: Any) -> tuple[int, ...]:
-    indices = value if isinstance(value, (list, tuple)) else [value]
+    indices = value if isinstance(value, (list, tuple)) else [value]  # [] or (): a head holding no stage
     return tuple(_whole(0)(name, index) for index in indices)
 
 
@@ -237,9 +244,15 @@ def load_agent_config(
     unknown = set(values) - set(_SETTINGS) - set(_RUNTIME_SETTINGS)
     if unknown:
         raise ConfigError(f"unknown agent settings: {', '.join(sorted(unknown))}")
-    for required in ("export_dir", "stages", "identity_dir"):
+    for required in ("export_dir", "identity_dir"):
         if required not in values:
             raise ConfigError(f"agent setting {required!r} is missing (flag or config file)")
+    if "stages" not in values and "chat" not in values:
+        raise ConfigError(
+            "agent setting 'stages' is missing (flag or config file); an agent that serves no stage "
+            "must head chats (chat, ring_first, ring_last)"
+        )
+    values.setdefault("stages", ())
     runtime = RuntimeConfig(
         **{k: _RUNTIME_SETTINGS[k](k, values.pop(k)) for k in list(values) if k in _RUNTIME_SETTINGS}
     )

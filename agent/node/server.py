@@ -69,16 +69,18 @@ class StageServer:
         self._network = network
         self._clock = clock
         graphs = [s.graph for s in stages]
-        self.is_last = graphs[-1].head
+        self.serves = bool(stages)
+        """False for a head that holds no stage: it listens for ``shoal status`` only, and refuses sessions."""
+        self.is_last = self.serves and graphs[-1].head
         self.hello = Hello(
             node=node,
             role="stage",
             export_id=manifest.export_id,
-            layer_start=graphs[0].layer_start,
-            layer_stop=graphs[-1].layer_stop,
+            layer_start=graphs[0].layer_start if graphs else 0,
+            layer_stop=graphs[-1].layer_stop if graphs else 0,
             is_last=self.is_last,
         )
-        self._wire_dtype = wire_numpy_dtype(config.wire_dtype, stages[-1])
+        self._wire_dtype = wire_numpy_dtype(config.wire_dtype, stages[-1]) if stages else np.float32
         self.table = SessionTable(config.max_sessions, on_evict=self._evicted)
         self.heads: dict[int, FrameConnection] = {}
         self._connections: set[FrameConnection] = set()
@@ -96,7 +98,7 @@ class StageServer:
         self.status_sections: dict[str, Callable[[], Any]] = {}
         """More of ``status()``, from what runs beside the stages (the agent's chats)."""
         self.successor: SuccessorLink | None = None
-        if not self.is_last:
+        if self.serves and not self.is_last:
             if config.next is None:
                 raise ShoalError(f"stage(s) {config.stages} are not the last: the next stage's address is needed")
             self.successor = SuccessorLink(
@@ -123,15 +125,18 @@ class StageServer:
         if self.successor is not None:
             self._spawn(self.successor.run())
         address = self.address = self._listener.address
-        log.info(
-            "node=%s serving layers %d-%d on %s:%d%s",
-            self.node,
-            self.hello.layer_start,
-            self.hello.layer_stop - 1,
-            address[0],
-            address[1],
-            " (last stage)" if self.is_last else "",
-        )
+        if self.serves:
+            log.info(
+                "node=%s serving layers %d-%d on %s:%d%s",
+                self.node,
+                self.hello.layer_start,
+                self.hello.layer_stop - 1,
+                address[0],
+                address[1],
+                " (last stage)" if self.is_last else "",
+            )
+        else:
+            log.info("node=%s holds no stage; status on %s:%d", self.node, address[0], address[1])
         return address[0], address[1]
 
     async def stop(self) -> None:
@@ -206,6 +211,10 @@ class StageServer:
             if kind in (FrameType.OPEN, FrameType.STEP, FrameType.PARK, FrameType.CLOSE):
                 if frame.session == 0:
                     raise RemoteProtocolError(f"{kind.name} without a session id")
+                if not self.serves:
+                    report = ErrorReport("bad_request", f"{self.node} holds no stage: it serves no session", self.node)
+                    await connection.send(report.to_frame(frame.session))
+                    continue
                 self._queue.put_nowait(_Work(frame, connection))
             elif kind is FrameType.STATUS_REQUEST:
                 await connection.send(Frame.message(FrameType.STATUS, _json(self.status())))
@@ -457,10 +466,10 @@ class StageServer:
             "layers": [self.hello.layer_start, self.hello.layer_stop],
             "stages": list(self.config.stages),
             "is_last": self.is_last,
-            "device": self.stages[0].device,
-            "rewind": "compact" if self.stages[0].compact_rewind else "mask",
+            "device": self.stages[0].device if self.serves else None,
+            "rewind": ("compact" if self.stages[0].compact_rewind else "mask") if self.serves else None,
             # whether speculative greedy decoding here equals plain decoding (null: not measured on this device)
-            "exact_speculation": self.stages[0].exact_speculation,
+            "exact_speculation": self.stages[0].exact_speculation if self.serves else None,
             "sessions": [f"{s:016x}" for s in self.table.sessions],
             "parked": self.table.parked(),
             "evicted": self.table.evicted,

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from agent.chat.protocol import ChatEvent, ChatRequest
-from agent.daemon import Daemon
-from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
+from agent.daemon import Daemon, DaemonAddresses
+from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run, stage_address
 from tests.support.toy_model import ToyTokenizer
 
 QUESTION = "where is the toy"
@@ -161,5 +161,24 @@ def test_the_chat_drafts_with_ngrams_and_stays_exact(tmp_path: Path) -> None:
             assert _tokens(events) == await reference(ring, _ids(*turns), 40)
             stats = events[-1].stats
             assert stats is not None and stats["drafted"] > 0, stats
+
+    run(main)
+
+
+def test_a_head_holding_no_stage_answers_as_the_stage_0_head_does(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _ring_and_chat(tmp_path) as (ring, with_stage):
+            bare = await ring.chat_agent(
+                tmp_path / "bare", host="10.9.0.60", stages=(), next=None, ring_first=stage_address(0)
+            )
+            try:
+                turns = (("user", QUESTION),)
+                from_stage_0 = _tokens(await _events(with_stage, _request(with_stage, *turns)))
+                from_bare = _tokens(await _events(bare, _request(bare, *turns)))
+                assert from_bare == from_stage_0 == await reference(ring, _ids(*turns))
+                assert bare.server.status()["stages"] == [] and bare.server.status()["device"] is None
+                assert "stages=none" in bare.ready_line(DaemonAddresses(bare.server.address))
+            finally:
+                await bare.stop()
 
     run(main)

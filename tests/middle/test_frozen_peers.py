@@ -69,12 +69,13 @@ def test_a_long_prefill_is_not_taken_for_a_freeze() -> None:
 
 def test_a_heartbeat_answered_late_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
-        ring = await ToyRing.start(liveness=FAST)
+        patient = Liveness(interval=0.05, timeout=1.5, late=0.15)
+        ring = await ToyRing.start(liveness=patient)
         client = ring.client()
         await client.connect()
         try:
             ring.host(0).freeze()
-            await asyncio.sleep(FAST.timeout / 2)  # longer than late, shorter than the timeout
+            await asyncio.sleep(0.5)  # well over late, well under the timeout
             ring.host(0).thaw()
             await asyncio.sleep(3 * FAST.interval)
             assert client.failure is None

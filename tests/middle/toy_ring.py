@@ -122,7 +122,8 @@ class ToyRing:
     async def chat_agent(self, folder: Path, host: str = "10.9.0.50", **changes: object) -> Daemon:
         """A started agent on ``host`` that heads chats: it serves a second stage 0 (computed in-process for
         its chats) in front of this ring's stage 1, and the ring's last stage answers it (``changes``: to its
-        configuration; its endpoint file goes in ``folder``)."""
+        configuration, ``stages=(), next=None, ring_first=...`` for a head holding no stage; its endpoint file
+        goes in ``folder``)."""
         config = self.config(
             0,
             listen=(host, 7000),
@@ -131,11 +132,11 @@ class ToyRing:
             ring_last=stage_address(len(self.manifest.stages) - 1),
             **changes,
         )
-        stage = ToyStage(self.manifest.stages[0], self.weights)
+        stages = [ToyStage(self.manifest.stages[0], self.weights)] if config.stages else []
         network = self.network.host(host)
-        daemon = Daemon(config, f"chat-{host}", self.manifest, [stage], network, load_tokenizer=ToyTokenizer)
+        daemon = Daemon(config, f"chat-{host}", self.manifest, stages, network, load_tokenizer=ToyTokenizer)
         await daemon.start()
-        self.chat_stages.append(stage)
+        self.chat_stages.extend(stages)
         return daemon
 
     async def stop(self) -> None:

@@ -27,6 +27,7 @@ class _Inbox:
         self.reader = asyncio.StreamReader(limit=READ_CHUNK)
         self.ended = False
         self._held: list[bytes] | None = None
+        self._ending = False
 
     def feed(self, data: bytes) -> None:
         if self._held is not None:
@@ -34,8 +35,11 @@ class _Inbox:
         elif not self.ended:
             self.reader.feed_data(data)
 
-    def end(self) -> None:
-        if not self.ended:
+    def end(self, at_once: bool = False) -> None:
+        """The stream ends for this reader: after what is held, or ``at_once`` (its own end dropped it)."""
+        if self._held is not None and not at_once:
+            self._ending = True  # after what is held (a frozen process closes nothing until it runs again)
+        elif not self.ended:
             self.ended = True
             self.reader.feed_eof()
 
@@ -49,6 +53,8 @@ class _Inbox:
         held, self._held = self._held or [], None
         for data in held:
             self.feed(data)
+        if self._ending:
+            self.end()
 
 
 class _Transport:
@@ -100,7 +106,7 @@ class _PipeWriter:
         """Drop the connection: both ends' streams end, whatever was still to be read."""
         self._closing = True
         self._peer.end()
-        self._own.end()
+        self._own.end(at_once=True)
 
 
 class _Pipe:
