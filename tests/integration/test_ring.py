@@ -8,8 +8,6 @@ limit, the prompt-length check, and 6 (a killed head frees its session on every 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.errors import FleetBusyError, PromptTooLongError
+from agent.errors import PromptTooLongError
 from agent.fleet import NodeIdentity
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, decode
@@ -33,8 +31,7 @@ from agent.sampling.params import SamplingParams
 from agent.transport.network import TlsNetwork
 from shards.manifest import Manifest
 from tests.conftest import PROMPTS, greedy
-from tests.integration.conftest import RING_MAX_SESSIONS
-from tests.integration.ring_lab import AgentProcess, Fleet, status, wait_for
+from tests.integration.ring_lab import AgentProcess, Fleet, status
 
 pytestmark = pytest.mark.ring
 GREEDY = SamplingParams()
@@ -292,40 +289,6 @@ def test_concurrent_sessions_from_two_heads_match_alone(
     assert text_b == alone_b.stdout
 
 
-def test_fleet_busy_refuses_only_the_extra_session(
-    ring3: list[AgentProcess],
-    exported: Callable[..., Path],
-    fleet: Fleet,
-    chat_ids: list[list[int]],
-    pipeline_tokens: list[list[int]],
-) -> None:
-    folder = exported(3, "fp32")
-
-    async def run() -> list[list[int]]:
-        client = _client(folder, ring3, fleet.identity("head"))
-        await client.connect()
-        sessions = [client.session(GREEDY) for _ in range(RING_MAX_SESSIONS)]
-        try:
-            first = [await s.step(chat_ids[0], 0, last_only=True) for s in sessions]
-            extra = client.session(GREEDY)
-            with pytest.raises(FleetBusyError, match="fleet busy"):
-                await extra.step(chat_ids[0], 0, last_only=True)
-            await extra.close()
-            # the sessions already open carry on undisturbed
-            token = int(first[0].top1[-1])  # type: ignore[index]
-            for session in sessions:
-                out = await session.step([token], 0, last_only=True)
-                assert int(out.top1[-1]) == pipeline_tokens[0][1]  # type: ignore[index]
-        finally:
-            for session in sessions:
-                await session.close()
-        # once they are closed there is room again
-        return [await _generate(client, chat_ids[2], n=8)]
-
-    tokens = asyncio.run(run())
-    assert tokens[0] == pipeline_tokens[2][:8]
-
-
 def test_prompt_too_long_fails_before_anything_is_sent(
     ring3: list[AgentProcess],
     exported: Callable[..., Path],
@@ -345,56 +308,6 @@ def test_prompt_too_long_fails_before_anything_is_sent(
 
     asyncio.run(run())
     assert status(ring3[0].address, fleet.identity("head"))["steps_served"] == before
-
-
-def test_killed_head_frees_its_session_on_every_stage(
-    ring3: list[AgentProcess],
-    exported: Callable[..., Path],
-    fleet: Fleet,
-    cache_dir: Path,
-) -> None:
-    folder = exported(3, "fp32")
-    observer = fleet.identity("observer")
-    head = fleet.identity("doomed-head")
-    command = [
-        sys.executable,
-        "-m",
-        "agent.cli.main",
-        "--cache-dir",
-        str(cache_dir),
-        "generate",
-        str(folder),
-        "Write a very long story about a dragon who learns to code.",
-        "--max-tokens",
-        "1500",
-        "--drafter",
-        "none",
-        "--no-verify",
-        "--identity",
-        str(head.cert.parent),
-        "--ring",
-        f"{ring3[0].address[0]}:{ring3[0].address[1]},{ring3[-1].address[0]}:{ring3[-1].address[1]}",
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        held = wait_for(
-            lambda: all(status(a.address, observer)["sessions"] for a in ring3),
-            120,
-            "the head's session on every stage",
-        )
-        assert held
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(10)
-        wait_for(
-            lambda: not any(status(a.address, observer)["sessions"] for a in ring3),
-            15,
-            "every stage to free the killed head's session",
-        )
-    finally:
-        if process.poll() is None:
-            process.kill()
-    for agent in ring3:
-        assert "closed after" in agent.log_text()
 
 
 def test_in_process_target_and_ring_sample_identically(
