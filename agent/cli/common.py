@@ -44,7 +44,7 @@ def core_list(text: str) -> list[int]:
     return cores
 
 
-EXPORT_MODULES = ("torch", "nncf", "optimum.intel", "gguf")
+EXPORT_MODULES = ("torch", "transformers", "nncf", "optimum.intel", "gguf")
 """What ``shoal export`` imports beyond a donor's install (the ``export`` extra)."""
 
 

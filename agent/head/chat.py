@@ -1,49 +1,206 @@
-"""Tokenizer, chat template, stop tokens and streaming detokenization for a head."""
+"""Tokenizer, chat template, stop tokens and streaming detokenization for a head.
+
+The export's tokenizer folder is what transformers' ``save_pretrained`` wrote: ``tokenizer.json``,
+``tokenizer_config.json`` (special tokens, and the chat template unless ``chat_template.jinja`` holds it)
+and ``generation_config.json``. A donor reads it with the ``tokenizers`` library and renders the template
+with jinja2, without transformers; the token ids are the ones ``AutoTokenizer`` gives for the folder,
+because the little transformers does on top of ``tokenizers`` for such a folder (a
+``PreTrainedTokenizerFast``) is repeated here: the special tokens of the config that ``tokenizer.json``
+lacks are added, ``split_special_tokens`` and ``clean_up_tokenization_spaces`` are honoured, truncation and
+padding are off.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
-from agent.errors import PromptTooLongError
+from tokenizers import AddedToken, Tokenizer
+
+from agent.errors import ConfigError, PromptTooLongError
+from agent.head.chat_template import ChatTemplate, find_template
+
+NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+"""transformers' named special tokens, in its order (the order new tokens get their ids in)."""
+
+END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>")
+"""Chat models end a turn with a marker that is not always the eos token."""
+
+_ADDED_TOKEN_FIELDS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+SpecialToken: TypeAlias = AddedToken | str
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; empty if the file is absent (transformers treats it so)."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return data
+
+
+def _token(value: Any, special: bool | None = None) -> SpecialToken | None:
+    """A special token as a config spells it: a string, or a serialized AddedToken (a dict with a
+    ``content``); None for anything else."""
+    if isinstance(value, AddedToken | str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        fields = {k: bool(value[k]) for k in _ADDED_TOKEN_FIELDS if k in value}
+        if special is not None:
+            fields["special"] = special
+        return AddedToken(value["content"], **fields)
+    return None
+
+
+class _SpecialTokens:
+    """The special tokens a tokenizer folder declares, read as transformers reads them."""
+
+    def __init__(self, folder: Path, config: dict[str, Any]) -> None:
+        config = dict(config)
+        declared = config.get("added_tokens_decoder")
+        if isinstance(declared, dict):
+            self.declared = [
+                t
+                for _, v in sorted(declared.items(), key=lambda kv: int(kv[0]))
+                if isinstance(t := _token(v), AddedToken)
+            ]
+        else:
+            # a folder without added_tokens_decoder is of the older layout: special_tokens_map.json wins
+            self.declared = []
+            for key, value in _read_json(folder / "special_tokens_map.json").items():
+                if key in ("extra_special_tokens", "additional_special_tokens") and isinstance(value, list):
+                    config[key] = list(config.get(key) or []) + [t for v in value if (t := _token(v, True)) is not None]
+                elif (token := _token(value, special=True)) is not None:
+                    config[key] = token
+        by_content = {str(t): t for t in self.declared}
+        self.named = {
+            k: by_content.get(str(t), t) for k in NAMED_SPECIAL_TOKENS if (t := _token(config.get(k))) is not None
+        }
+        # model-specific tokens (``eot_token``, ``image_token``...): any other *_token key; transformers takes
+        # the serialized ones first, then the strings and a dict-valued extra_special_tokens
+        others = [(k, v) for k, v in config.items() if k.endswith("_token") and k not in NAMED_SPECIAL_TOKENS]
+        extra = config.get("extra_special_tokens", config.get("additional_special_tokens"))
+        if isinstance(extra, dict):
+            others += list(extra.items())
+            extra = None
+        self.model_specific = {
+            k: t for k, v in sorted(others, key=lambda kv: isinstance(kv[1], str)) if (t := _token(v)) is not None
+        }
+        self.extra = [t for v in extra if (t := _token(v)) is not None] if isinstance(extra, list) else []
+
+    def template_variables(self) -> dict[str, str]:
+        """What a chat template sees of them (``bos_token``, ``eos_token``...): their text."""
+        return {k: str(t) for k, t in {**self.named, **self.model_specific}.items()}
+
+    def add_missing(self, tokenizer: Tokenizer) -> None:
+        """Add what ``tokenizer.json`` lacks, as transformers does on load: the config's declared added tokens,
+        and the special tokens that are not added tokens yet (a special token only in the vocabulary would
+        otherwise go through the pre-tokenizer like text, and survive ``skip_special_tokens``)."""
+        present = {str(t) for t in tokenizer.get_added_tokens_decoder().values()}
+        wanted: list[SpecialToken] = list(self.declared)
+        seen = present | {str(t) for t in wanted}
+        for token in [*self.named.values(), *self.model_specific.values(), *self.extra]:
+            if str(token) not in seen:
+                seen.add(str(token))
+                wanted.append(token)
+        named = {str(t) for t in [*self.named.values(), *self.model_specific.values()]}
+        tokens: list[AddedToken] = []
+        for token in wanted:
+            if isinstance(token, str):
+                token = AddedToken(token, special=True)
+            elif not token.special and str(token) in named:
+                token.special = True
+            tokens.append(token)
+        if tokens:
+            tokenizer.add_tokens(tokens)
 
 
 class ChatTokenizer:
     """The export's tokenizer, with the chat template and the ids that end a reply."""
 
     def __init__(self, tokenizer_dir: Path) -> None:
-        from transformers import AutoTokenizer
+        path = tokenizer_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ConfigError(f"{tokenizer_dir}: no tokenizer.json (is this an export's tokenizer folder?)")
+        config = _read_json(tokenizer_dir / "tokenizer_config.json")
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
+            raise ConfigError(f"{path}: not a tokenizers file ({exc})") from exc
+        # transformers turns off what tokenizer.json may have switched on, for a call without truncation/padding
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self._tok.encode_special_tokens = bool(config.get("split_special_tokens", False))
+        specials = _SpecialTokens(tokenizer_dir, config)
+        specials.add_missing(self._tok)
+        self._clean_up = bool(config.get("clean_up_tokenization_spaces", False))
+        source = find_template(tokenizer_dir, config)
+        self._template = None if source is None else ChatTemplate(source, specials.template_variables(), tokenizer_dir)
+        unk = specials.named.get("unk_token")
+        self._unk_id = None if unk is None else self._tok.token_to_id(str(unk))
+        self.stop_ids = self._stop_ids(tokenizer_dir, specials.named.get("eos_token"))
 
-        self._tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        self.stop_ids = self._stop_ids(tokenizer_dir)
-
-    def _stop_ids(self, folder: Path) -> frozenset[int]:
+    def _stop_ids(self, folder: Path, eos: SpecialToken | None) -> frozenset[int]:
         ids: set[int] = set()
-        if self._tok.eos_token_id is not None:
-            ids.add(int(self._tok.eos_token_id))
-        gen = folder / "generation_config.json"
-        if gen.is_file():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        # chat models end a turn with an end-of-turn marker that is not always the eos token
-        for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>"):
-            token_id = self._tok.convert_tokens_to_ids(marker)
-            if isinstance(token_id, int) and token_id != self._tok.unk_token_id:
+        if eos is not None:
+            # transformers' eos_token_id: the token's id, else the unknown token's
+            eos_id = self._tok.token_to_id(str(eos))
+            eos_id = self._unk_id if eos_id is None else eos_id
+            if eos_id is not None:
+                ids.add(eos_id)
+        gen_eos = _read_json(folder / "generation_config.json").get("eos_token_id")
+        ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]))
+        for marker in END_OF_TURN_MARKERS:
+            token_id = self._tok.token_to_id(marker)
+            if token_id is not None and token_id != self._unk_id:
                 ids.add(token_id)
         return frozenset(ids)
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a conversation with the generation prompt appended."""
-        if self._tok.chat_template is None:
-            text = "\n".join(m["content"] for m in messages)
-            return list(self._tok(text)["input_ids"])
-        encoded: Any = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-        return [int(i) for i in ids]
+        """Token ids of a conversation with the generation prompt appended.
 
-    def decode(self, ids: list[int]) -> str:
-        return str(self._tok.decode(ids, skip_special_tokens=True))
+        Without a chat template, the contents joined by newlines, with the tokenizer's own special tokens
+        (its post-processor adds BOS where the model expects it). A template that refuses the conversation
+        raises :class:`~agent.errors.ChatProtocolError`."""
+        if self._template is None:
+            return self.encode("\n".join(m["content"] for m in messages), add_special_tokens=True)
+        # the template writes the special tokens itself: as apply_chat_template, add none
+        return self.encode(self._template.render(messages), add_special_tokens=False)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of plain ``text`` (special tokens written in it are matched as such, unless the folder sets
+        ``split_special_tokens``)."""
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``ids``, as transformers' ``decode`` gives it (special tokens dropped by default)."""
+        text = self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return _clean_up_tokenization(text) if self._clean_up else text
+
+
+def _clean_up_tokenization(text: str) -> str:
+    """transformers' ``clean_up_tokenization``: the spaces that word-level tokenizers put before punctuation."""
+    for spaced, joined in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
+        text = text.replace(spaced, joined)
+    return text
 
 
 class TextStream:

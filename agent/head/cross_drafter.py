@@ -13,10 +13,23 @@ the proposal distribution as one-hot on the drafted token, and keeps the target'
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Protocol
 
 from agent.head.drafters import Draft
 from agent.head.model_drafter import ModelDrafter
+
+
+class TextTokenizer(Protocol):
+    """What the bridge needs of a tokenizer: :class:`~agent.head.chat.ChatTokenizer` (a transformers
+    tokenizer has the same two methods)."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]:
+        """Token ids of ``text``."""
+        ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str:
+        """The text of ``ids``."""
+        ...
 
 
 class TextBridge:
@@ -26,7 +39,7 @@ class TextBridge:
     ended in the middle of joins the draft's continuation as the target tokenizer would join it.
     """
 
-    def __init__(self, target_tokenizer: Any, draft_tokenizer: Any, overlap: int = 4) -> None:
+    def __init__(self, target_tokenizer: TextTokenizer, draft_tokenizer: TextTokenizer, overlap: int = 4) -> None:
         self._target = target_tokenizer
         self._draft = draft_tokenizer
         self._overlap = overlap
@@ -37,6 +50,7 @@ class TextBridge:
         return list(self._draft.encode(text, add_special_tokens=False))
 
     def draft_text(self, draft_ids: Sequence[int]) -> str:
+        """The text of the draft model's ``draft_ids``, special tokens kept."""
         return str(self._draft.decode(list(draft_ids), skip_special_tokens=False))
 
     def continuation(self, target_ids: Sequence[int], text: str) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.errors import ShoalError
+from agent.head.chat import ChatTokenizer
 from agent.head.cross_drafter import CrossTokenizerDrafter, TextBridge
 from agent.head.drafters import DRAFTERS, Drafter, HybridDrafter, NGramDrafter
 from agent.head.model_drafter import ModelDrafter
@@ -97,12 +98,7 @@ def _draft_model(
     stage = CompiledStage(source, graph, draft_manifest.weights, config, drafts=True)
     if shares_tokenizer:
         return stage, None
-    from transformers import AutoTokenizer
-
-    return stage, TextBridge(
-        AutoTokenizer.from_pretrained(str(export_dir / "tokenizer")),
-        AutoTokenizer.from_pretrained(str(source / "tokenizer")),
-    )
+    return stage, TextBridge(ChatTokenizer(export_dir / "tokenizer"), ChatTokenizer(source / "tokenizer"))
 
 
 def _tokenizer_hashes(manifest: Manifest) -> dict[str, str]:

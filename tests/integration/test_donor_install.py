@@ -1,5 +1,6 @@
 """A donor PC's install: ``pip install shoal`` with no extras gives a ``shoal agent``, ``shoal ask`` and
-``shoal status`` that serve and answer through a ring, with no torch, nncf, optimum or openvino-genai.
+``shoal status`` that serve and answer through a ring, with no torch, transformers, nncf, optimum or
+openvino-genai.
 
 The virtualenv is made from this checkout once per session (pip from the package registry's cache); the
 export it serves comes from the full install, as an admin's export would reach a donor.
@@ -19,7 +20,7 @@ from agent.node.launcher import launch_ring
 from tests.integration.ring_lab import Fleet
 
 REPO = Path(__file__).parents[2]
-EXPORT_ONLY = ("torch", "nncf", "optimum", "openvino_genai")
+EXPORT_ONLY = ("torch", "transformers", "nncf", "optimum", "openvino_genai")
 
 
 @pytest.fixture(scope="session")
