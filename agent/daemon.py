@@ -101,6 +101,8 @@ class Daemon:
         for part in self.parts:
             self._section(part.name, part.status)
         self._started: list[Callable[[], Any]] = []
+        self.addresses: DaemonAddresses | None = None
+        """Where the started daemon can be reached (None until :meth:`start` returned)."""
 
     def _section(self, name: str, status: Callable[[], Any]) -> None:
         if name in self.server.status_sections:
@@ -142,7 +144,8 @@ class Daemon:
         except BaseException:
             await self.stop()
             raise
-        return DaemonAddresses(ring, chat, http)
+        self.addresses = DaemonAddresses(ring, chat, http)
+        return self.addresses
 
     async def stop(self) -> None:
         """Stop the started parts, last started first (the chats end before the stages they run on)."""

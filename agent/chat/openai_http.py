@@ -1,11 +1,13 @@
 """An OpenAI-style HTTP endpoint in front of what answers the agent's chats (``ChatAnswerer``), for any such client.
 
-``POST /v1/chat/completions`` (streamed as server-sent events with ``"stream": true``, else one JSON
-body) and ``GET /v1/models``, on loopback only, authorised by ``Authorization: Bearer TOKEN`` with the
-token of the agent's endpoint file. HTTP/1.1 is parsed by h11 (sans-IO); one request per connection.
-Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "code"}}``) with a fitting status:
-400 bad request, 401 wrong token, 404 unknown path, 413 body too large, 429 fleet busy, 503 ring
-unavailable, 500 anything else. A client that disconnects cancels its answer, as on the chat endpoint.
+``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as server-sent events with
+``"stream": true``, else one JSON body) and ``GET /v1/models``, on loopback only, authorised by
+``Authorization: Bearer TOKEN`` with the token of the agent's endpoint file. HTTP/1.1 is parsed by h11
+(sans-IO), connections are kept alive for a pooled client's next request. Request bodies are checked by
+``agent.chat.openai_request``. Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "code"}}``)
+with a fitting status: 400 bad request, 401 wrong token, 404 unknown path or model, 413 body too large,
+429 fleet busy, 503 ring unavailable, 500 anything else. A client that disconnects cancels its answer, as
+on the chat endpoint.
 """
 
 from __future__ import annotations
@@ -17,25 +19,31 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import h11
 
-from agent.chat.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent, ChatRequest
+from agent.chat.openai_request import parse_openai
+from agent.chat.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent
 from agent.chat.watch import ClientWatch
-from agent.errors import ChatProtocolError, HTTPError
+from agent.errors import HTTPError
 from agent.transport.listen import listen_tcp
 from agent.transport.tasks import OwnedTasks
 
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT = 10.0
+"""A request must arrive whole within this long once it has begun."""
+IDLE_TIMEOUT = 60.0
+"""A kept-alive connection with no new request for this long is closed."""
 STATUS_OF = {
     "bad_request": 400,
     "bad_version": 400,
     "prompt_too_long": 400,
     "unauthorized": 401,
     "not_found": 404,
+    "model_not_found": 404,
     "too_large": 413,
     "fleet_busy": 429,
     "ring_unavailable": 503,
@@ -50,6 +58,9 @@ class OpenAIEndpoint:
         self._listen = listen
         self._server: asyncio.Server | None = None
         self._tasks = OwnedTasks()
+        self.connections = 0
+        self.requests = 0
+        """Connections accepted and requests read, all told (a kept-alive connection serves several)."""
 
     async def start(self) -> tuple[str, int]:
         self._server = await listen_tcp(self._handle, self._listen, "the HTTP API")
@@ -64,21 +75,41 @@ class OpenAIEndpoint:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._tasks.adopt()
+        self.connections += 1
         connection = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
         watch: ClientWatch | None = None
         try:
-            try:
-                async with asyncio.timeout(READ_TIMEOUT):
-                    request, body = await _read_request(connection, reader)
-                watch = ClientWatch.start(reader)  # one request per connection: nothing more comes
-                await self._route(connection, writer, request, body)
-            except HTTPError as exc:
-                log.warning("node=%s HTTP request refused: %s: %s", self.service.node, exc.code, exc)
-                if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            while True:
+                try:
+                    try:
+                        async with asyncio.timeout(IDLE_TIMEOUT):  # a kept-alive client's next request
+                            await _request_begins(connection, reader)
+                    except (TimeoutError, EOFError):
+                        return
+                    async with asyncio.timeout(READ_TIMEOUT):
+                        request, body = await _read_request(connection, reader)
+                    self.requests += 1
+                    watch = ClientWatch.start(reader)  # the client sends nothing more until its answer is whole
+                    await self._route(connection, writer, request, body)
+                except HTTPError as exc:
+                    log.warning("node=%s HTTP request refused: %s: %s", self.service.node, exc.code, exc)
+                    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+                        return
                     await _send_json(connection, writer, STATUS_OF.get(exc.code, 500), _error_body(exc.code, str(exc)))
-            except (h11.RemoteProtocolError, TimeoutError) as exc:
-                if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    await _send_json(connection, writer, 400, _error_body("bad_request", f"bad HTTP request: {exc}"))
+                except (h11.RemoteProtocolError, TimeoutError) as exc:
+                    if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                        await _send_json(
+                            connection, writer, 400, _error_body("bad_request", f"bad HTTP request: {exc}")
+                        )
+                    return
+                early = b""
+                if watch is not None:
+                    early, watch = await watch.release(), None
+                if connection.our_state is not h11.DONE or connection.their_state is not h11.DONE:
+                    return  # the client asked to close, or its request was not read whole
+                connection.start_next_cycle()
+                if early:
+                    connection.receive_data(early)
         except asyncio.CancelledError:
             if watch is None or not watch.absorbed():
                 raise
@@ -108,17 +139,26 @@ class OpenAIEndpoint:
                 {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "shoal"}]},
             )
             return
-        if request.method != b"POST" or path != "/v1/chat/completions":
-            raise HTTPError("not_found", f"no {request.method.decode()} {path} here: use POST /v1/chat/completions")
-        chat, stream = self._chat_request(body)
-        events = self.service.answer(chat)
-        completion_id = f"chatcmpl-{secrets.token_hex(12)}"
-        created = int(time.time())
+        completion = path == "/v1/completions"
+        if request.method != b"POST" or path not in ("/v1/chat/completions", "/v1/completions"):
+            raise HTTPError(
+                "not_found",
+                f"no {request.method.decode()} {path} here: use POST /v1/chat/completions or /v1/completions",
+            )
+        asked = parse_openai(body, self.service.token, completion=completion)
+        if asked.model not in (None, "", model):
+            raise HTTPError(
+                "model_not_found", f"the model {asked.model!r} does not exist here: this fleet serves {model!r}"
+            )
+        reply = _Reply(
+            f"{'cmpl' if completion else 'chatcmpl'}-{secrets.token_hex(12)}", int(time.time()), model, completion
+        )
+        events = self.service.answer(asked.chat)
         async with contextlib.aclosing(events):
-            if stream:
-                await self._stream(connection, writer, events, chat, completion_id, created, model)
+            if asked.stream:
+                await self._stream(connection, writer, events, reply, asked.include_usage)
             else:
-                await self._whole(connection, writer, events, chat, completion_id, created, model)
+                await self._whole(connection, writer, events, reply)
 
     def _authorise(self, request: h11.Request) -> None:
         given = dict(request.headers).get(b"authorization", b"")
@@ -126,36 +166,12 @@ class OpenAIEndpoint:
         if not secrets.compare_digest(given, b"Bearer " + token):
             raise HTTPError("unauthorized", "missing or wrong bearer token (the token of the agent's chat.json)")
 
-    def _chat_request(self, body: bytes) -> tuple[ChatRequest, bool]:
-        """The OpenAI body as a chat request; only what shoal can honour is accepted."""
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise HTTPError("bad_request", "the body is not JSON") from exc
-        if not isinstance(data, dict):
-            raise HTTPError("bad_request", "the body is not a JSON object")
-        stream = data.pop("stream", False)
-        if not isinstance(stream, bool):
-            raise HTTPError("bad_request", "'stream' must be true or false")
-        if data.get("n", 1) != 1:
-            raise HTTPError("bad_request", "only n = 1 is supported")
-        max_tokens = data.get("max_completion_tokens", data.get("max_tokens", 256))
-        fields = {"token": self.service.token, "messages": data.get("messages"), "max_tokens": max_tokens}
-        fields.update({name: data[name] for name in ("temperature", "top_p", "seed") if data.get(name) is not None})
-        try:
-            return ChatRequest.from_mapping(fields), stream
-        except ChatProtocolError as exc:
-            raise HTTPError("bad_request", str(exc)) from exc
-
     async def _whole(
         self,
         connection: h11.Connection,
         writer: asyncio.StreamWriter,
         events: AsyncIterator[ChatEvent],
-        chat: ChatRequest,
-        completion_id: str,
-        created: int,
-        model: str,
+        reply: _Reply,
     ) -> None:
         text: list[str] = []
         async for event in events:
@@ -164,86 +180,88 @@ class OpenAIEndpoint:
             elif event.event == "error":
                 raise HTTPError(event.code, event.text)
             else:
-                tokens = int(event.stats["tokens"])
-                await _send_json(
-                    connection,
-                    writer,
-                    200,
-                    {
-                        "id": completion_id,
-                        "object": "chat.completion",
-                        "created": created,
-                        "model": model,
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": "".join(text)},
-                                "finish_reason": _finish(tokens, chat),
-                            }
-                        ],
-                        "usage": _usage(event.stats),
-                    },
-                )
+                text.append(event.text)
+                body = reply.body("".join(text), str(event.stats["finish_reason"]))
+                await _send_json(connection, writer, 200, {**body, "usage": _usage(event.stats)})
 
     async def _stream(
         self,
         connection: h11.Connection,
         writer: asyncio.StreamWriter,
         events: AsyncIterator[ChatEvent],
-        chat: ChatRequest,
-        completion_id: str,
-        created: int,
-        model: str,
+        reply: _Reply,
+        include_usage: bool,
     ) -> None:
         started = False
-
-        def chunk(delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
-            return {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-
         async for event in events:
             if event.event == "error" and not started:
                 raise HTTPError(event.code, event.text)  # nothing sent yet: a proper status
             if not started:
-                await _send(
-                    writer,
-                    connection.send(
-                        h11.Response(
-                            status_code=200,
-                            headers=[
-                                ("content-type", "text/event-stream"),
-                                ("cache-control", "no-cache"),
-                                ("connection", "close"),
-                            ],
-                        )
-                    ),
-                )
-                await _send_event(connection, writer, chunk({"role": "assistant", "content": ""}))
+                headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+                await _send(writer, connection.send(h11.Response(status_code=200, headers=headers)))
+                if not reply.completion:
+                    await _send_event(connection, writer, reply.chunk({"role": "assistant", "content": ""}))
                 started = True
             if event.event == "token":
                 if event.text:
-                    await _send_event(connection, writer, chunk({"content": event.text}))
+                    await _send_event(connection, writer, reply.chunk({"content": event.text}))
             elif event.event == "error":
                 await _send_event(connection, writer, _error_body(event.code, event.text))
                 break
             else:
-                await _send_event(connection, writer, chunk({}, _finish(int(event.stats["tokens"]), chat)))
+                if event.text:
+                    await _send_event(connection, writer, reply.chunk({"content": event.text}))
+                finish = str(event.stats["finish_reason"])
+                await _send_event(connection, writer, reply.chunk({}, finish))
+                if include_usage:
+                    await _send_event(
+                        connection, writer, {**reply.chunk({}), "choices": [], "usage": _usage(event.stats)}
+                    )
                 await _send(writer, connection.send(h11.Data(data=b"data: [DONE]\n\n")))
         await _send(writer, connection.send(h11.EndOfMessage()))
 
 
-def _finish(tokens: int, chat: ChatRequest) -> str:
-    return "length" if tokens >= chat.max_tokens else "stop"
+@dataclass(frozen=True)
+class _Reply:
+    """The shape of one answer's bodies: a chat completion or a (text) completion."""
+
+    id: str
+    created: int
+    model: str
+    completion: bool
+
+    def body(self, text: str, finish: str) -> dict[str, Any]:
+        if self.completion:
+            choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        kind = "text_completion" if self.completion else "chat.completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
+
+    def chunk(self, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+        if self.completion:
+            choice: dict[str, Any] = {"index": 0, "text": delta.get("content", ""), "logprobs": None}
+        else:
+            choice = {"index": 0, "delta": delta}
+        choice["finish_reason"] = finish
+        kind = "text_completion" if self.completion else "chat.completion.chunk"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
 
 
 def _error_body(code: str, message: str) -> dict[str, Any]:
     kind = "invalid_request_error" if STATUS_OF.get(code, 500) < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "code": code}}
+
+
+async def _request_begins(connection: h11.Connection, reader: asyncio.StreamReader) -> None:
+    """Wait for the first bytes of the next request (already buffered ones count); ``EOFError`` if the client
+    closed its kept-alive connection instead, as pooled clients do."""
+    if connection.trailing_data[0] or connection.their_state is not h11.IDLE:
+        return
+    data = await reader.read(65536)
+    if not data:
+        raise EOFError
+    connection.receive_data(data)
 
 
 async def _read_request(connection: h11.Connection, reader: asyncio.StreamReader) -> tuple[h11.Request, bytes]:
@@ -277,11 +295,7 @@ async def _send_json(
         connection.send(
             h11.Response(
                 status_code=status,
-                headers=[
-                    ("content-type", "application/json"),
-                    ("content-length", str(len(payload))),
-                    ("connection", "close"),
-                ],
+                headers=[("content-type", "application/json"), ("content-length", str(len(payload)))],
             )
         ),
     )

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from agent.chat.stop_text import MAX_STOPS
 from agent.errors import ChatProtocolError, ShoalError
 from agent.sampling.params import SamplingParams
 
@@ -36,6 +37,10 @@ class ChatRequest:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Text that ends the answer (at most ``MAX_STOPS``); the answer's text is cut before it."""
+    prompt: str | None = None
+    """A completion's raw text, tokenized as it is, without the chat template (``messages`` is then empty)."""
 
     @property
     def sampling(self) -> SamplingParams:
@@ -58,10 +63,16 @@ class ChatRequest:
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> ChatRequest:
         """Check the fields of a request already parsed (its version, if any, checked by the caller)."""
-        unknown = set(data) - {"v", "token", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed"}
+        known = {"v", "token", "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+        unknown = set(data) - known
         if unknown:
             raise ChatProtocolError(f"unknown request fields {sorted(unknown)}")
         token = _typed(data, "token", str)
+        prompt = _typed(data, "prompt", (str, type(None)), None)
+        if prompt is not None:
+            if not prompt or data.get("messages"):
+                raise ChatProtocolError("a completion's 'prompt' is non-empty text, and comes without 'messages'")
+            data = {**data, "messages": [{"role": "user", "content": prompt}]}  # checked as one user turn
         raw = data.get("messages")
         if not isinstance(raw, list) or not raw:
             raise ChatProtocolError("'messages' must be a non-empty list")
@@ -86,12 +97,26 @@ class ChatRequest:
             top_p=float(_typed(data, "top_p", (int, float), 1.0)),
             top_k=_typed(data, "top_k", int, 0),
             seed=_typed(data, "seed", (int, type(None)), None),
+            stop=_stops(data.get("stop")),
+            prompt=prompt,
         )
+        if prompt is not None:
+            request = replace(request, messages=())
         try:
             request.sampling  # noqa: B018 - validates the sampling settings
         except ShoalError as exc:
             raise ChatProtocolError(str(exc)) from exc
         return request
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    """``stop``: absent, one string, or a list of at most ``MAX_STOPS`` non-empty strings."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
+        raise ChatProtocolError(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them")
+    return tuple(stops)
 
 
 EventKind = Literal["token", "done", "error"]
@@ -108,7 +133,9 @@ class ChatEvent:
     """For errors: ``bad_request``, ``unauthorized``, ``prompt_too_long``, ``fleet_busy``, ``ring_unavailable``,
     ``failed``."""
     stats: dict[str, Any] = field(default_factory=dict)
-    """For ``done``: tokens, seconds, steps, drafted, accepted, median_k."""
+    """For ``done``: tokens, seconds, steps, drafted, accepted, median_k, finish_reason (``stop``: a stop
+    token or sequence ended it; ``length``: max_tokens did)... A ``done`` event's ``text`` is the end of the
+    answer's text that no token event carried (held back while it might have begun a stop sequence)."""
 
     def to_line(self) -> bytes:
         body: dict[str, Any] = {"v": PROTOCOL_VERSION, "event": self.event}
@@ -118,6 +145,8 @@ class ChatEvent:
             body.update(code=self.code, text=self.text)
         else:
             body.update(stats=self.stats)
+            if self.text:
+                body.update(text=self.text)
         return _line(body)
 
     @classmethod
@@ -130,7 +159,7 @@ class ChatEvent:
         if kind == "error":
             return cls("error", code=_typed(data, "code", str), text=_typed(data, "text", str))
         if kind == "done":
-            return cls("done", stats=_typed(data, "stats", dict))
+            return cls("done", stats=_typed(data, "stats", dict), text=_typed(data, "text", str, ""))
         raise ChatProtocolError(f"unknown event {kind!r}")
 
     @classmethod

@@ -34,6 +34,7 @@ from typing import Any
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.kept import KeptConversation, KeptConversations
 from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+from agent.chat.stop_text import StopText
 from agent.chat.watch import ClientWatch
 from agent.errors import (
     ChatProtocolError,
@@ -233,9 +234,11 @@ class ChatService:
         tokenizer = self.tokenizer
         assert tokenizer is not None, "start() first"
         # tokenizing a long conversation takes milliseconds to seconds: off the event loop
-        prompt_ids = await asyncio.get_running_loop().run_in_executor(
-            None, tokenizer.encode_chat, request.chat_messages()
-        )
+        loop = asyncio.get_running_loop()
+        if request.prompt is not None:  # a completion: the text as it is, with the model's own special tokens
+            prompt_ids = await loop.run_in_executor(None, lambda: tokenizer.encode(request.prompt or "", True))
+        else:
+            prompt_ids = await loop.run_in_executor(None, tokenizer.encode_chat, request.chat_messages())
         try:
             check_prompt(prompt_ids, request.max_tokens, manifest.context_tokens)
         except PromptTooLongError as exc:
@@ -250,13 +253,15 @@ class ChatService:
             return
         stats = DecodeStats()
         tally = AnswerTally()
+        shown = StopText(request.stop)
         started = time.perf_counter()
         finished = False
         try:
             if conversation is None:
                 conversation = await self._open(request)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
-            async with contextlib.aclosing(self._tokens(conversation, prompt_ids, request, stats, tally)) as tokens:
+            events = self._tokens(conversation, prompt_ids, request, stats, tally, shown)
+            async with contextlib.aclosing(events) as tokens:
                 async for event in tokens:
                     yield event
             finished = True
@@ -298,7 +303,9 @@ class ChatService:
         )
         yield ChatEvent(
             "done",
+            text=shown.rest(),
             stats={
+                "finish_reason": "stop" if shown.stopped or stats.tokens < request.max_tokens else "length",
                 "tokens": stats.tokens,
                 "seconds": round(seconds, 4),
                 "steps": stats.steps + 1,
@@ -319,6 +326,7 @@ class ChatService:
         request: ChatRequest,
         stats: DecodeStats,
         tally: AnswerTally,
+        shown: StopText,
     ) -> AsyncGenerator[ChatEvent, None]:
         """The token events of one answer, which survives two failures without the user losing it:
 
@@ -356,7 +364,9 @@ class ChatService:
                 async with contextlib.aclosing(tokens):  # a client that leaves ends the loop now
                     async for token in tokens:
                         sent.append(token)
-                        yield ChatEvent("token", id=token, text=stream.push(token))
+                        yield ChatEvent("token", id=token, text=shown.push(stream.push(token)))
+                        if shown.stopped:  # a stop sequence: the answer ends here, normally
+                            break
                 return
             except SessionEvictedError:
                 if sent or not resumed:

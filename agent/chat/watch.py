@@ -20,6 +20,8 @@ class ClientWatch:
         self.answered_once = False
         """Set by the caller once an event reached the client (for its log line)."""
         self._task: asyncio.Task[None] | None = None
+        self.early = bytearray()
+        """What the client sent while its answer was computed (read here, so that it is not lost)."""
 
     @classmethod
     def start(cls, reader: asyncio.StreamReader) -> ClientWatch:
@@ -30,8 +32,8 @@ class ClientWatch:
 
         async def run() -> None:
             with contextlib.suppress(ConnectionError):
-                while await reader.read(4096):
-                    pass
+                while data := await reader.read(4096):
+                    watch.early += data  # a kept-alive client's next request, sent before this answer ended
             watch.left = True
             answering.cancel()
 
@@ -52,3 +54,12 @@ class ClientWatch:
         """The answer is over (or failed by itself): stop watching."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
+
+    async def release(self) -> bytes:
+        """Stop watching and wait until the watch no longer reads; return what the client sent meanwhile (a
+        kept-alive connection's reader then belongs to the next request)."""
+        self.stop()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return bytes(self.early)

@@ -53,6 +53,7 @@ def _turn(
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.seed,
+        stop=tuple(args.stop),
     )
     print(f"[{answer_summary(asyncio.run(stream_chat(endpoint, request, out)))}]", file=sys.stderr)
 
@@ -69,6 +70,7 @@ def answer_summary(done: ChatEvent) -> str:
         line += f", {stats['cached_tokens']} of {stats['prompt_tokens']} prompt tokens kept from the last turn"
     if stats.get("replays"):
         line += f", the ring lost and its session replayed {stats['replays']} time(s)"
+        line += "".join(f"; {cause}" for cause in stats.get("interruptions", []))
     return line
 
 
@@ -98,7 +100,7 @@ async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO 
             out.write("\n")
             raise ChatAnswerError(f"{event.code}: {event.text}")
         else:
-            out.write("\n")
+            out.write(event.text + "\n")  # the end of the text, held back while it might have begun a stop
             out.flush()
             return event
     raise ChatAnswerError("the answer ended without a done event")  # ask() always ends in done or error

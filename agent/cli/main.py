@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="text that ends the answer (repeatable, up to 4)"
+    )
 
     p = sub.add_parser("status", help="ask agents for their status (JSON)")
     p.add_argument("address", nargs="+", help="HOST:PORT of an agent")

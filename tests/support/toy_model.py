@@ -1,8 +1,8 @@
 """A toy decoder in numpy that stands in for OpenVINO stages in the middle test tier.
 
 :class:`ToyStage` satisfies ``agent.runtime.protocol.Stage`` and its sessions ``KVSession``: each layer
-keeps the inputs of every kept position (its "KV cache") and mixes each new position with the mean of
-the cache up to it, so a token's output depends on every token before it, on its position, and on
+keeps the running sum of the inputs of the kept positions (its "KV cache") and mixes each new position with
+their mean up to it, so a token's output depends on every token before it, on its position, and on
 rewinds being honoured. Every row is computed on its own (vector-matrix products only), so a position's
 value is bit-identical however the steps were cut: a ring of toy stages must give exactly the tokens of
 one toy stage holding every layer, as real stages must give the in-process pipeline's.
@@ -139,7 +139,7 @@ class ToyStage:
 
 
 class ToySession:
-    """One conversation's toy KV state: per layer, the inputs of the kept positions."""
+    """One conversation's toy KV state: per layer, the running sums of the kept positions' inputs."""
 
     def __init__(self, stage: ToyStage) -> None:
         self._stage = stage
@@ -164,11 +164,13 @@ class ToySession:
             x = weights.embed[np.asarray(inputs[0], dtype=np.int64)]
         else:
             x = np.asarray(inputs[0], dtype=np.float32)
-        for cache, layer in zip(self._cache, stage.graph.layers, strict=True):
+        for sums, layer in zip(self._cache, stage.graph.layers, strict=True):
             rows = []
             for row, position in zip(x, positions[0], strict=True):
-                cache.append(row.copy())
-                attended = np.mean(np.stack(cache), axis=0, dtype=np.float32)
+                # a running sum per kept position: the same additions in the same order however the
+                # positions were grouped into steps, and a rewind only drops the last sums
+                sums.append(row.copy() if not sums else sums[-1] + row)
+                attended = sums[-1] / np.float32(len(sums))
                 turn = np.sin(np.float32(position) * np.float32(0.37) + np.arange(HIDDEN, dtype=np.float32))
                 rows.append(row + np.tanh(row @ weights.mix[layer] + attended @ weights.context[layer] + turn))
             x = np.stack(rows).astype(np.float32)
@@ -216,6 +218,10 @@ class ToyTokenizer:
             ids.append(END)
         ids.append(ASSISTANT)
         return ids
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = [FIRST_TEXT_ID + byte % (VOCAB - FIRST_TEXT_ID) for byte in text.encode()]
+        return [BOS, *ids] if add_special_tokens else ids
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(ord("a") + (i - FIRST_TEXT_ID) % 26) for i in ids if i >= FIRST_TEXT_ID)

@@ -1,0 +1,53 @@
+"""Stop sequences: text that ends an answer, found even where it spans tokens, and cut off as OpenAI does.
+
+Sans-IO: :meth:`StopText.push` takes each piece of text the answer streams and returns what may be shown
+now. Text that could be the beginning of a stop sequence is held back until the next piece settles it;
+when a stop sequence appears, the text before it is released and the answer ends (the sequence itself is
+never shown). :meth:`StopText.rest` gives what is still held back when the answer ends otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+MAX_STOPS = 4
+"""As OpenAI: at most four stop sequences."""
+
+
+class StopText:
+    """Finds the first of ``stops`` in a streamed text."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self._held = ""
+        self.stopped = False
+        """A stop sequence appeared: nothing more is shown."""
+
+    def push(self, piece: str) -> str:
+        """Take the next piece of the answer's text; return the text that can be shown now."""
+        if self.stopped:
+            return ""
+        text = self._held + piece
+        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        if found:
+            self.stopped = True
+            self._held = ""
+            return text[: min(found)]
+        keep = self._longest_open_prefix(text)
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+    def rest(self) -> str:
+        """What is still held back (the answer ended without completing a stop sequence)."""
+        rest, self._held = self._held, ""
+        return rest
+
+    def _longest_open_prefix(self, text: str) -> int:
+        """The length of the longest end of ``text`` that a stop sequence begins with."""
+        best = 0
+        for stop in self.stops:
+            for length in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:length]):
+                    best = length
+                    break
+        return best
