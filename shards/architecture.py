@@ -60,14 +60,27 @@ class ArchSpec:
         return attn + 3 * h * self.intermediate_size + 2 * h
 
 
+def check_attention_window(config: Any, context_tokens: int) -> None:
+    """Refuse a model whose sliding-window attention the export's context could exceed: shoal's stage graphs
+    attend to the whole context, so beyond the window their answers would not be the model's. A window at
+    least as long as the context changes nothing and is accepted (Mistral 7B v0.1: 4096 tokens)."""
+    window = getattr(config, "sliding_window", None)
+    # Qwen2 configs carry a window they use only with use_sliding_window; Mistral's is always in force
+    in_force = getattr(config, "model_type", None) == "mistral" or getattr(config, "use_sliding_window", False)
+    if in_force and window is not None and int(window) < context_tokens:
+        raise UnsupportedModelError(
+            f"{config.model_type} with sliding-window attention over {window} tokens is not supported: the "
+            f"export's {context_tokens}-token context exceeds the window, and shoal's stage graphs attend to the "
+            "whole context (its answers would differ from the model's beyond the window)"
+        )
+
+
 def arch_spec_from_config(config: Any) -> ArchSpec:
     """Read a transformers ``PretrainedConfig`` into an :class:`ArchSpec`, refusing what we cannot export."""
     model_type = getattr(config, "model_type", None)
     family = SUPPORTED_MODEL_TYPES.get(str(model_type))
     if family is None:
         raise UnsupportedModelError(f"unsupported architecture {model_type!r}: shoal exports {SUPPORTED_NAMES}")
-    if getattr(config, "use_sliding_window", False):
-        raise UnsupportedModelError(f"{model_type} with sliding-window attention is not supported")
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if not rope:  # transformers < 5 keeps these as loose attributes
         rope = {"rope_type": "default", "rope_theta": getattr(config, "rope_theta", 10000.0)}

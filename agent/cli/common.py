@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 from agent.errors import FleetError, MissingExtraError
@@ -57,3 +60,18 @@ def require_extra(what: str, extra: str, modules: tuple[str, ...]) -> None:
             found = False
         if not found:
             raise MissingExtraError(what, extra, name)
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """While it lasts, SIGTERM ends the process as Ctrl-C does, through an exception, so that cleanup runs
+    (an export's unfinished ``OUT.incomplete`` folder is removed) instead of the process dying where it is."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -17,6 +17,7 @@ from pathlib import Path
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
 from agent.cli.ask_cmd import answer_summary, stream_chat
+from agent.cli.common import exit_on_sigterm
 from agent.fleet import FleetPaths, init_fleet, issue_node
 from agent.node.launcher import launch_ring
 
@@ -28,7 +29,8 @@ DEFAULT_PROMPT = "What are the benefits of running a language model on computers
 def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
     from shards.export.exporter import ExportRequest, export
 
-    export(ExportRequest(source=args.model, out_dir=args.out, stages=args.stages), cache_dir)
+    with exit_on_sigterm():
+        export(ExportRequest(source=args.model, out_dir=args.out, stages=args.stages), cache_dir)
     fleet_dir = data_dir / "demo-fleet"
     if not FleetPaths(fleet_dir).ca_cert.exists():
         init_fleet(fleet_dir, name="shoal-demo")

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from agent.cli.common import exit_on_sigterm
+
 
 def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
     from shards.export.exporter import ExportRequest, export
@@ -20,7 +22,8 @@ def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
         force=args.force,
         layers=args.layers,
     )
-    manifest = export(request, cache_dir)
+    with exit_on_sigterm():
+        manifest = export(request, cache_dir)
     for stage in manifest.stages:
         ends = " + ".join(e for e, held in (("embeddings", stage.embeddings), ("head", stage.head)) if held)
         print(

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agent.errors import ExportError, ManifestError
-from shards.architecture import ArchSpec, arch_spec_from_config
+from shards.architecture import ArchSpec, arch_spec_from_config, check_attention_window
 from shards.checkpoint import Checkpoint, open_checkpoint
 from shards.export.convert import WEIGHT_FORMATS, compress_weights, make_stage_stateful, stage_io, trace_stage
 from shards.export.split import layer_split_from_counts, plan_layer_split
@@ -77,6 +77,7 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
     """Run an export; returns the manifest of the finished folder (existing and matching: reused)."""
     checkpoint = open_checkpoint(request.source, cache_dir)
     spec = arch_spec_from_config(checkpoint.config)
+    check_attention_window(checkpoint.config, min(DEFAULT_CONTEXT_TOKENS, spec.max_position_embeddings))
     ranges = (
         plan_layer_split(spec, request.stages, request.weights)
         if request.layers is None

@@ -170,3 +170,31 @@ def test_export_is_reused_only_when_current(edit: str, tmp_path: Path, exported:
         assert existing is not None and not replace
     else:
         assert existing is None and replace  # redone, never refused: the inputs are the same
+
+
+def test_sigterm_mid_export_leaves_nothing(tmp_path: Path, cache_dir: Path) -> None:
+    """``kill`` (SIGTERM) of a running ``shoal export`` cleans up as Ctrl-C does (issue 22 §4)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "agent.cli.main", "--cache-dir", str(cache_dir), "export", "smollm2"]
+    process = subprocess.Popen(
+        [*command, "--stages", "2", "--weights", "fp16", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    staging = out.with_name(out.name + ".incomplete")
+    try:
+        deadline = time.monotonic() + 180
+        while not staging.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert staging.exists(), "the export never began writing"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) == 128 + signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert_nothing_left(out)

@@ -93,3 +93,17 @@ def test_arch_spec_refuses_unsupported_configs() -> None:
     assert qwen.qkv_bias and not qwen.o_bias
     llama = arch_spec_from_config(LlamaConfig(num_hidden_layers=2, num_key_value_heads=8))
     assert llama.family == "llama" and llama.head_dim == 4096 // 32
+
+
+def test_a_sliding_window_shorter_than_the_context_is_refused() -> None:
+    from transformers import MistralConfig, Qwen2Config
+
+    from shards.architecture import check_attention_window
+
+    with pytest.raises(UnsupportedModelError, match="sliding-window attention over 32 tokens is not supported"):
+        check_attention_window(MistralConfig(sliding_window=32), 4096)
+    check_attention_window(MistralConfig(sliding_window=4096), 4096)  # the window covers the whole context
+    check_attention_window(MistralConfig(sliding_window=None), 4096)
+    check_attention_window(Qwen2Config(sliding_window=32, use_sliding_window=False), 4096)  # a window not in force
+    with pytest.raises(UnsupportedModelError, match="qwen2 with sliding-window attention over 32"):
+        check_attention_window(Qwen2Config(sliding_window=32, use_sliding_window=True), 4096)
