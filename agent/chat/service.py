@@ -229,6 +229,8 @@ class ChatService:
     # -- one answer ----------------------------------------------------------------------------
     async def answer(self, request: ChatRequest) -> AsyncGenerator[ChatEvent, None]:
         """The events of one answer: a ``token`` per generated token, then ``done``; or an ``error``."""
+        if request.seed is None:  # one seed per answer, told in its done event: the answer can be had again
+            request = replace(request, seed=secrets.randbits(31))
         manifest = self.server.manifest
         params = request.sampling
         tokenizer = self.tokenizer
@@ -314,6 +316,7 @@ class ChatService:
                 "median_k": stats.median_k,
                 "prompt_tokens": len(prompt_ids),
                 "cached_tokens": cached,
+                "seed": request.seed,
                 "replays": tally.replays,
                 "interruptions": tally.interruptions,
             },
@@ -336,9 +339,9 @@ class ChatService:
           answers again (tried with backoff for up to ``REPLAY_WAIT``), the steps the session was answered
           (earlier turns of a kept conversation included) are replayed into a fresh session as they
           were sent (``ResumableTarget.replay_into``), which rebuilds the KV state on every stage position for
-          position, and decoding goes on where it stopped. The user sees a pause; greedy tokens are those of
-          an answer never interrupted wherever speculation is exact (``RuntimeConfig.rewind``), while sampling
-          starts its random stream again.
+          position, and decoding goes on where it stopped. The user sees a pause; the tokens are those of
+          an answer never interrupted wherever speculation is exact (``RuntimeConfig.rewind``), sampled ones
+          too: their draws are keyed by position (``agent.sampling.keyed``).
         """
         tokenizer = self.tokenizer
         assert tokenizer is not None

@@ -43,6 +43,7 @@ from agent.head.drafters import BeliefDrafter, Draft, Drafter, HybridDrafter
 from agent.head.speculative import Verdict, verify_greedy, verify_sampled
 from agent.head.targets import Target
 from agent.head.turn import HeadTurn
+from agent.sampling.keyed import PositionNoise
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput
 
@@ -136,7 +137,7 @@ async def decode(
         raise ValueError(f"depth must be >= 1, got {depth}")
     stats = stats if stats is not None else DecodeStats()
     policy = k_policy or AdaptiveK()
-    rng = np.random.default_rng(params.seed)
+    noise = PositionNoise(params.seed)  # draws keyed by position: the same seed, the same text (keyed.py)
     loop = asyncio.get_running_loop()
     context = list(prompt_ids)
     hold = turn if turn is not None else contextlib.nullcontext()
@@ -216,7 +217,7 @@ async def decode(
     first = await prefill
     stats.target_seconds += clock() - started
     stats.first_token_seconds = clock() - started
-    new_tokens = [_pick(first, rng, params)]
+    new_tokens = [_pick(first, noise, len(context))]
     rewind = 0
     produced = 0  # not stats.tokens: one stats object may add up several generations
     judged_steps = 0
@@ -281,7 +282,8 @@ async def decode(
             if not step.leads:
                 assert carry is not None  # a continuation always follows a judged step
                 judged = output.after(carry)
-            verdict = _verify(step.draft, judged, rng, params, bonus=not in_flight)
+            # every token before this step's drafts is in the context: its first draft is at len(context)
+            verdict = _verify(step.draft, judged, noise, len(context), bonus=not in_flight)
             rejected = len(step.draft.tokens) - verdict.accepted
             if rejected:
                 # Everything fed after the first rejected draft is void: this step's rest and every step behind it.
@@ -367,16 +369,14 @@ class _DraftAhead:
         self.task.cancel()
 
 
-def _pick(output: StepOutput, rng: np.random.Generator, params: SamplingParams) -> int:
+def _pick(output: StepOutput, noise: PositionNoise, position: int) -> int:
     if output.top1 is not None:
         return int(output.top1[-1])
     assert output.dists is not None
-    return output.dists[-1].sample(rng)
+    return noise.sample(output.dists[-1], position)
 
 
-def _verify(
-    draft: Draft, output: StepOutput, rng: np.random.Generator, params: SamplingParams, *, bonus: bool
-) -> Verdict:
+def _verify(draft: Draft, output: StepOutput, noise: PositionNoise, start: int, *, bonus: bool) -> Verdict:
     if output.positions != len(draft.tokens) + 1:
         from agent.errors import SessionFailedError
 
@@ -384,4 +384,4 @@ def _verify(
     if output.top1 is not None:
         return verify_greedy(draft.tokens, [int(t) for t in output.top1], bonus=bonus)
     assert output.dists is not None
-    return verify_sampled(draft.tokens, draft.dists, output.dists, rng, bonus=bonus)
+    return verify_sampled(draft.tokens, output.dists, noise, start, bonus=bonus)

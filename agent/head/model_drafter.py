@@ -9,6 +9,7 @@ import numpy as np
 from agent.head.drafters import Draft
 from agent.runtime.stage import CompiledStage
 from agent.sampling.distribution import SparseDistribution
+from agent.sampling.keyed import PositionNoise
 from agent.sampling.params import SamplingParams, sampling_distribution
 
 
@@ -29,7 +30,9 @@ class ModelDrafter:
     def __init__(self, draft: CompiledStage, params: SamplingParams) -> None:
         self._session = draft.new_session()
         self._params = params
-        self._rng = np.random.default_rng(None if params.seed is None else params.seed + 1)
+        # the head's own keyed noise (the same seed): its guesses then fall on the target's draws wherever
+        # the two distributions are close (``agent.sampling.keyed``)
+        self._noise = PositionNoise(params.seed)
         self._fed: list[int] = []
 
     def propose(
@@ -66,7 +69,7 @@ class ModelDrafter:
             if self._params.greedy:
                 token = int(np.argmax(row))
             else:
-                token = dist.sample(self._rng)
+                token = self._noise.sample(dist, len(context) + i)
                 dists.append(dist)
             tokens.append(token)
             if i < k - 1:

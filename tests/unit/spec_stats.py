@@ -2,9 +2,10 @@
 
 Reusable with real model distributions: pass the dense target distributions ``p_1..p_{K+1}`` and the
 draft's ``q_1..q_K`` (or fixed draft tokens for a deterministic drafter), then compare the histograms
-with ``chi_square_pvalue``. The targets are taken as context-independent, so the second emitted token,
-given the first draft was accepted, must follow ``p_2`` (acceptance of the first token depends only on
-its own draws).
+with ``chi_square_pvalue``. Each trial judges its drafts at positions of its own under one keyed noise
+(``agent.sampling.keyed``), and a draft model draws its guesses with that same noise, as the head's does.
+The targets are taken as context-independent, so the second emitted token, given the first draft was
+accepted, must follow ``p_2``.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from scipy.stats import chisquare
 
 from agent.head.speculative import Verdict
 from agent.sampling.distribution import SparseDistribution
+from agent.sampling.keyed import PositionNoise
 
-VerifyFn = Callable[
-    [Sequence[int], Sequence[SparseDistribution] | None, Sequence[SparseDistribution], np.random.Generator],
-    Verdict,
-]
+VerifyFn = Callable[[Sequence[int], Sequence[SparseDistribution], PositionNoise, int], Verdict]
 
 
 def emitted_token_histograms(
@@ -34,31 +33,29 @@ def emitted_token_histograms(
     """Run ``n`` independent verification steps; count the first emitted token, and the second one when
     the first draft was accepted.
 
-    ``p``: K+1 dense target distributions. ``q``: K dense draft distributions the drafts are sampled
-    from, or None for a deterministic drafter that always drafts ``draft_tokens`` (verified with
-    ``draft_dists=None``). Returns two ``[vocab]`` count arrays.
+    ``p``: K+1 dense target distributions. ``q``: K dense draft distributions the drafts are drawn
+    from (with the trial's noise), or None for a deterministic drafter that always drafts
+    ``draft_tokens``. Returns two ``[vocab]`` count arrays.
     """
     vocab = len(p[0])
     k = len(p) - 1
-    rng = np.random.default_rng(seed)
+    noise = PositionNoise(seed)
     targets = [SparseDistribution.from_probs(pi) for pi in p]
     if q is None:
         if draft_tokens is None or len(draft_tokens) != k:
             raise ValueError(f"a deterministic drafter needs {k} draft tokens")
-        drafts = np.tile(np.asarray(draft_tokens, dtype=np.int64), (n, 1))
-        draft_dists = None
-    else:
-        if len(q) != k:
-            raise ValueError(f"{k + 1} target distributions need {k} draft distributions")
-        draft_dists = [SparseDistribution.from_probs(qi) for qi in q]
-        # Sample from the float32 support actually handed to the verifier, so q(x) > 0 for every draft.
-        drafts = np.stack(
-            [rng.choice(d.ids, size=n, p=d.probs / d.probs.sum(dtype=np.float64)) for d in draft_dists], axis=1
-        ).reshape(n, k)
+    elif len(q) != k:
+        raise ValueError(f"{k + 1} target distributions need {k} draft distributions")
+    draft_dists = None if q is None else [SparseDistribution.from_probs(qi) for qi in q]
     first = np.zeros(vocab, dtype=np.int64)
     second = np.zeros(vocab, dtype=np.int64)
-    for row in drafts:
-        verdict = verify(row.tolist(), draft_dists, targets, rng)
+    for trial in range(n):
+        start = trial * (k + 1)
+        if draft_dists is None:
+            row = [int(t) for t in draft_tokens or ()]
+        else:
+            row = [noise.sample(d, start + i) for i, d in enumerate(draft_dists)]
+        verdict = verify(row, targets, noise, start)
         first[verdict.tokens[0]] += 1
         if verdict.accepted >= 1:
             second[verdict.tokens[1]] += 1

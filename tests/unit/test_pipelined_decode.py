@@ -161,7 +161,7 @@ class SampledBeliefDrafter(AlwaysDrafter):
     """Samples each token from ``_draft_dist_at`` and stops where its chances run low, the way
     ``ModelDrafter`` does: on the product of its top probabilities, known before each draw. With
     ``stop_on_drawn`` it stops instead on the probability of the token it drew (dropping that token),
-    which makes whether a token is sent depend on the token: the biased rule."""
+    which makes whether a token is sent depend on the token (it biased the classic acceptance rule)."""
 
     drafts_cheaply = False
     stops_on_belief = True
@@ -193,17 +193,18 @@ class SampledBeliefDrafter(AlwaysDrafter):
         return Draft(tokens, dists)
 
 
-@pytest.mark.parametrize("broken", [False, True])
-def test_belief_stopped_sampled_drafts_keep_the_target_distribution(broken: bool) -> None:
-    """Drafts cut by the draft's own chances, through the whole loop: emitted tokens follow the target
-    when the stop is decided before each draw, and the same check notices the rule that stops on the
-    drawn token. K is fixed: the adaptive K follows measured step times, and the test must not."""
+@pytest.mark.parametrize("on_drawn", [False, True])
+def test_belief_stopped_sampled_drafts_keep_the_target_distribution(on_drawn: bool) -> None:
+    """Drafts cut by the draft's own chances, through the whole loop: emitted tokens follow the target,
+    whether the stop is decided before each draw or on the drawn token. (The classic acceptance rule was
+    biased by the second; the keyed rule emits the target's own draws, whatever was drafted.) K is fixed:
+    the adaptive K follows measured step times, and the test must not."""
     counts = {0: np.zeros(VOCAB), 1: np.zeros(VOCAB)}
     prompt = [5, 5, 5]
     stats = DecodeStats()
     for seed in range(80):
         target = ScriptedTarget(sampled=True)
-        drafter = SampledBeliefDrafter(seed, stop_on_drawn=broken)
+        drafter = SampledBeliefDrafter(seed, stop_on_drawn=on_drawn)
         out = _run(
             target, prompt, 60, SamplingParams(temperature=1.0, seed=seed), drafter, depth=1, stats=stats, fixed_k=4
         )
@@ -212,7 +213,4 @@ def test_belief_stopped_sampled_drafts_keep_the_target_distribution(broken: bool
     pvalues = [chisquare(observed, dist_at(parity) * observed.sum()).pvalue for parity, observed in counts.items()]
     assert stats.drafted > 500 and 0 < stats.accepted < stats.drafted  # drafts went out and were judged
     print(f"\ndrafted {stats.drafted}, accepted {stats.accepted}, p-values {pvalues}")
-    if broken:
-        assert min(pvalues) < 1e-6, pvalues
-    else:
-        assert min(pvalues) > 1e-4, pvalues
+    assert min(pvalues) > 1e-4, pvalues
