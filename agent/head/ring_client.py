@@ -271,6 +271,8 @@ class RingSession:
         self._logical = 0
         # Steps sent and not yet answered, oldest first: the stages answer a session's steps in order.
         self._pending: dict[int, tuple[asyncio.Future[StepOutput], int]] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
+        """Fails the session when the oldest pending step goes unanswered too long (``_arm``)."""
         self._failure: RingError | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -284,6 +286,7 @@ class RingSession:
             return
         oldest = next(iter(self._pending))
         future, count = self._pending.pop(oldest)
+        self._arm()  # the next step's deadline runs from this answer
         if frame.step != oldest:
             error = SessionFailedError(f"result for step {frame.step} arrived where {oldest} was due")
             future.set_exception(error)
@@ -298,8 +301,20 @@ class RingSession:
             future.set_exception(exc)
             self._fail(SessionFailedError(f"bad result for step {frame.step}: {exc}"))
 
+    def _arm(self) -> None:
+        """Watch the oldest step awaiting its answer. Steps queue behind each other on the stages (a replay
+        sends a whole history at once), so the deadline runs from the last answer, not from each send."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self._pending:
+            step, (_, count) = next(iter(self._pending.items()))
+            seconds = self.client.deadline.seconds(count)
+            self._watchdog = asyncio.get_running_loop().call_later(seconds, self._overdue, step, seconds)
+
     def _overdue(self, step: int, seconds: float) -> None:
-        """A step's deadline passed with no answer: the session is given up, and the user told why."""
+        """No answer for ``seconds`` while ``step`` waited for it: the session is given up, the user told why."""
+        self._watchdog = None
         if step in self._pending:
             last = self.client.last_address
             log.warning(
@@ -314,6 +329,9 @@ class RingSession:
 
     def _fail(self, error: RingError) -> None:
         self._failure = error
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         pending, self._pending = self._pending, {}
         for future, _ in pending.values():
             if not future.done():
@@ -364,10 +382,9 @@ class RingSession:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[StepOutput] = loop.create_future()
         future.add_done_callback(ignore_unawaited_failure)
-        seconds = self.client.deadline.seconds(len(ids))
-        overdue = loop.call_later(seconds, self._overdue, step, seconds)
-        future.add_done_callback(lambda _: overdue.cancel())
         self._pending[step] = (future, len(ids))
+        if self._watchdog is None:
+            self._arm()
         if self._local:
             hidden = await self.client.run_local(self._run_local, ids, rewind, position)
             frame = Frame.tensor(FrameType.STEP, hidden, **fields)
@@ -404,6 +421,9 @@ class RingSession:
         if self._closed:
             return
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         self.client.forget(self)
         if self._opened and self.client.failure is None:
             # also after a failure: a stage that still holds the session (an answer that never came) frees it
