@@ -31,8 +31,9 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/shoal demo --out $(EXPORT) $(if $(strip $(PROMPT)),--prompt "$(strip $(PROMPT))")
 
-# measured 2026-12-02 on a fresh clone: the whole suite covers 74 % of agent/ and shards/ (the fast tier alone 55 %)
-COVERAGE_FLOOR ?= 72
+# measured 2026-12-02 on a fresh clone: the whole suite covers 86.7 % of agent/ and shards/ (74 % before the
+# middle tier, which runs the ring's code in-process)
+COVERAGE_FLOOR ?= 84
 
 # The code checks, then the tests with the coverage floor (agents in subprocesses are not counted)
 test: setup
