@@ -86,21 +86,6 @@ class SparseDistribution:
         dense[self.ids] = self.probs
         return dense
 
-    def sample(self, rng: np.random.Generator) -> int:
-        """Draw one token (the probabilities are renormalised, so a 1e-3 drift from the wire is harmless)."""
-        return draw(self.ids, self.probs.astype(np.float64), rng)
-
-
-def draw(ids: np.ndarray, weights: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw ``ids[j]`` with probability proportional to ``weights[j]`` (non-negative, positive sum)."""
-    cumulative = np.cumsum(weights, dtype=np.float64)
-    u = rng.random() * cumulative[-1]
-    # side="right" gives zero-weight entries an empty interval, so they are never chosen.
-    j = int(np.searchsorted(cumulative, u, side="right"))
-    if j >= ids.size:  # u rounded up onto the total: take the last entry that has weight
-        j = int(np.flatnonzero(weights > 0)[-1])
-    return int(ids[j])
-
 
 def encode_many(dists: Sequence[SparseDistribution]) -> bytes:
     """The wire form of one distribution per position (layout in the module docstring)."""

@@ -17,6 +17,7 @@ from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import Draft, NGramDrafter
 from agent.sampling.distribution import SparseDistribution
+from agent.sampling.keyed import PositionNoise
 from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import VOCAB, ScriptedTarget, dist_at, next_greedy, plain_greedy
 
@@ -167,7 +168,7 @@ class SampledBeliefDrafter(AlwaysDrafter):
     stops_on_belief = True
 
     def __init__(self, seed: int, stop_on_drawn: bool = False) -> None:
-        self._rng = np.random.default_rng(seed + 1)
+        self._noise = PositionNoise(seed + 1)  # draws of its own, not the head's (no coupling)
         self._stop_on_drawn = stop_on_drawn
 
     def propose(
@@ -183,7 +184,7 @@ class SampledBeliefDrafter(AlwaysDrafter):
                 belief *= float(q.max())
                 if belief < 0.3:
                     break
-            token = dist.sample(self._rng)
+            token = self._noise.sample(dist, len(context) + i)
             if self._stop_on_drawn:
                 belief *= float(q[token])
                 if belief < 0.3:
