@@ -5,8 +5,12 @@ Parts, in start order (stopped in reverse):
 - the stage server: this PC's stages on the ring (``agent.node.server``);
 - the chat service, when the agent heads its PC's chats (``agent.chat.service``);
 - the OpenAI-style API in front of those chats (``agent.chat.openai_http``);
-- any further ``DaemonPart`` handed in: discovery, the fleet plan, shard downloads and the idle policy
-  plug in here, each seeing the daemon's status through ``status_sections``.
+- fleet membership (``discovery.service``): mDNS, seeds, gossip and the members' control links, which
+  come in through the stage server's port;
+- any further ``DaemonPart`` handed in: the fleet plan, shard downloads and the idle policy plug in here,
+  each seeing the daemon's status through ``status_sections``.
+
+An agent started without an export is a member only: it holds no stage until the fleet plan gives it one.
 
 The command line only parses arguments and calls :func:`serve`; tests build a ``Daemon`` directly.
 """
@@ -15,20 +19,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import json
 import logging
+import os
+import secrets
 import signal
-from collections.abc import Callable, Sequence
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.errors import ConfigError
-from agent.fleet import NodeIdentity
-from agent.node.config import AgentConfig
+from agent.fleet import NodeIdentity, read_certificate
+from agent.fleet.authority import write_atomic
+from agent.node.config import LOOPBACK, AgentConfig
+from agent.node.facts import HostFacts, matmul_gflops, measure_host
 from agent.node.server import StageServer
 from agent.runtime.protocol import Stage
 from agent.runtime.stage import CompiledStage
+from agent.transport.connection import FrameConnection
 from agent.transport.network import Network, TlsNetwork
+from agent.wire.frames import PROTOCOL_VERSION
+from agent.wire.messages import Hello
+from discovery.announcement import Announcement, HeldStage
+from discovery.mdns import local_ipv4_addresses
+from discovery.revocations import RevocationKeeper
+from discovery.service import MembershipService, MembershipSettings
 from shards.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -37,13 +56,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+Role = Callable[[FrameConnection, Hello], Awaitable[None]]
+"""Serves a connection of one HELLO role after the stage server read its HELLO (``StageServer.roles``)."""
+
+
 class DaemonPart(Protocol):
     """A part the daemon starts after its own and stops before them (discovery, plan, downloads, idle policy)."""
 
     name: str
 
-    async def start(self) -> None:
-        """Begin work; return once running."""
+    @property
+    def roles(self) -> Mapping[str, Role]:
+        """The connection roles this part serves on the agent's port (e.g. ``member``: control links)."""
+        ...
+
+    async def start(self, ring: tuple[str, int]) -> None:
+        """Begin work, knowing where the agent listens; return once running."""
         ...
 
     async def stop(self) -> None:
@@ -71,7 +99,7 @@ class Daemon:
         self,
         config: AgentConfig,
         node: str,
-        manifest: Manifest,
+        manifest: Manifest | None,
         stages: Sequence[Stage],
         network: Network,
         parts: Sequence[DaemonPart] = (),
@@ -80,7 +108,8 @@ class Daemon:
     ) -> None:
         """``network``: how the agent reaches and accepts peers (``TlsNetwork.of(identity)``: see
         :meth:`build`); ``load_tokenizer``: reads the export's tokenizer (default: ``ChatTokenizer``)."""
-        _check_ring_flags(config, manifest)
+        if manifest is not None:
+            _check_ring_flags(config, manifest)
         self.config = config
         self.node = node
         self.server = StageServer(config, manifest, stages, node, network)
@@ -100,6 +129,13 @@ class Daemon:
         self.parts = list(parts)
         for part in self.parts:
             self._section(part.name, part.status)
+            for role, serve in part.roles.items():
+                if role in self.server.roles or role in ("head", "stage", "status"):
+                    raise ConfigError(f"two parts of the agent serve {role!r} connections")
+                self.server.roles[role] = serve
+        self.stopped = asyncio.Event()
+        """Set when the agent must stop of its own accord (:meth:`fail`)."""
+        self.failure: str | None = None
         self._started: list[Callable[[], Any]] = []
         self.addresses: DaemonAddresses | None = None
         """Where the started daemon can be reached (None until :meth:`start` returned)."""
@@ -109,20 +145,25 @@ class Daemon:
             raise ConfigError(f"two parts of the agent report status as {name!r}")
         self.server.status_sections[name] = status
 
+    def fail(self, message: str) -> None:
+        """Stop the agent with ``message`` as its error (e.g. another agent runs with this PC's identity)."""
+        if self.failure is None:
+            self.failure = message
+        self.stopped.set()
+
     @classmethod
     async def build(cls, config: AgentConfig, parts: Sequence[DaemonPart] = ()) -> Daemon:
-        """Load the identity and manifest, check and compile this agent's stages (off the event loop)."""
+        """Load the identity and manifest, check and compile this agent's stages (off the event loop), and
+        assemble its fleet membership."""
         loop = asyncio.get_running_loop()
         identity = await loop.run_in_executor(None, NodeIdentity.load, config.identity_dir)
-        manifest = await loop.run_in_executor(None, Manifest.load, config.export_dir)
-        _check_ring_flags(config, manifest)
-        graphs = [manifest.stages[i] for i in config.stages]
-        if config.verify:
-            await loop.run_in_executor(None, lambda: manifest.verify(config.export_dir, graphs=graphs, progress=False))
-        stages = await loop.run_in_executor(
-            None, lambda: [CompiledStage(config.export_dir, g, manifest.weights, config.runtime) for g in graphs]
-        )
-        return cls(config, identity.name, manifest, stages, TlsNetwork.of(identity), parts)
+        manifest, stages = await _load_stages(config) if config.export_dir is not None else (None, [])
+        network = TlsNetwork.of(identity)
+        facts = await loop.run_in_executor(None, lambda: measure_host(speed=False))
+        membership = await loop.run_in_executor(None, lambda: _membership(config, identity, network, facts, stages))
+        daemon = cls(config, identity.name, manifest, stages, network, [membership, *parts])
+        membership.on_duplicate = daemon.fail
+        return daemon
 
     async def start(self) -> DaemonAddresses:
         """Start every part in order; a part that fails to start stops those already running."""
@@ -139,7 +180,7 @@ class Daemon:
                 chat = await self.chats.start(http_url)
                 self._started.append(self.chats.stop)
             for part in self.parts:
-                await part.start()
+                await part.start(ring)
                 self._started.append(part.stop)
         except BaseException:
             await self.stop()
@@ -159,6 +200,10 @@ class Daemon:
     def ready_line(self, addresses: DaemonAddresses) -> str:
         """The one line a started agent prints (scripts and the demo wait for it)."""
         graphs = [stage.graph for stage in self.server.stages]
+        if self.server.manifest is None:
+            return (
+                f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} stages=none member"
+            )
         chat = f" chat={addresses.chat[0]}:{addresses.chat[1]}" if addresses.chat else ""
         held = (
             f"stages={','.join(map(str, self.config.stages))} layers={graphs[0].layer_start}-"
@@ -167,6 +212,66 @@ class Daemon:
             else "stages=none"
         )
         return f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} {held}{chat}"
+
+
+async def _load_stages(config: AgentConfig) -> tuple[Manifest, list[Stage]]:
+    export_dir = config.export_dir
+    assert export_dir is not None  # the caller checked: an agent without an export loads no stage
+    loop = asyncio.get_running_loop()
+    manifest = await loop.run_in_executor(None, Manifest.load, export_dir)
+    _check_ring_flags(config, manifest)
+    graphs = [manifest.stages[i] for i in config.stages]
+    if config.verify:
+        await loop.run_in_executor(None, lambda: manifest.verify(export_dir, graphs=graphs, progress=False))
+    stages: list[Stage] = await loop.run_in_executor(
+        None, lambda: [CompiledStage(export_dir, g, manifest.weights, config.runtime) for g in graphs]
+    )
+    return manifest, stages
+
+
+def _membership(
+    config: AgentConfig, identity: NodeIdentity, network: TlsNetwork, facts: HostFacts, stages: Sequence[Stage]
+) -> MembershipService:
+    """This agent's fleet membership: what it announces, and how it finds the others."""
+    host = config.listen[0]
+    loopback = host in LOOPBACK or host.startswith("127.")
+    mdns = config.mdns and not loopback
+    if config.mdns and loopback:
+        log.info("node=%s listens on loopback only: no mDNS (peers come from --peer)", identity.name)
+    me = Announcement(
+        node=identity.node_id,
+        name=identity.name,
+        fleet=identity.fleet_id,
+        fingerprint=identity.fingerprint,
+        version=software_version(),
+        protocol=PROTOCOL_VERSION,
+        port=1,  # the bound port is known at start (MembershipService.start)
+        instance=secrets.token_hex(8),
+        started=int(time.time()),
+        devices=facts.devices,
+        memory_mb=facts.memory_mb,
+        speed=facts.speed,
+        stages=tuple(HeldStage(i, "ready") for i in config.stages),
+    )
+    addresses = (local_ipv4_addresses() if host in ("0.0.0.0", "") else [host]) if mdns else []
+    settings = MembershipSettings(config.peers, mdns, config.lost_after, config.liveness)
+    revocations = RevocationKeeper.load(config.identity_dir, read_certificate(identity.ca))
+    return MembershipService(
+        me,
+        network,
+        settings,
+        mdns_addresses=addresses,
+        revocations=revocations,
+        on_revoked=network.refuse,
+        measure_speed=matmul_gflops,
+    )
+
+
+def software_version() -> str:
+    try:
+        return importlib.metadata.version("shoal")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def _check_ring_flags(config: AgentConfig, manifest: Manifest) -> None:
@@ -199,6 +304,15 @@ def _check_ring_flags(config: AgentConfig, manifest: Manifest) -> None:
         )
 
 
+RUNNING_FILE = "agent.json"
+"""Written into the identity folder while the agent runs: where it listens (``shoal doctor`` reads it)."""
+
+
+def _write_running(path: Path, node: str, addresses: DaemonAddresses) -> None:
+    record = {"node": node, "listen": f"{addresses.ring[0]}:{addresses.ring[1]}", "pid": os.getpid()}
+    write_atomic(path, json.dumps(record).encode(), private=False)
+
+
 async def serve(config: AgentConfig, parts: Sequence[DaemonPart] = ()) -> int:
     """Build and start the daemon, then run until SIGINT/SIGTERM; returns the exit status."""
     daemon = await Daemon.build(config, parts)
@@ -209,8 +323,19 @@ async def serve(config: AgentConfig, parts: Sequence[DaemonPart] = ()) -> int:
         with contextlib.suppress(NotImplementedError):  # Windows: no signal handlers on the loop
             loop.add_signal_handler(signum, stop.set)
     print(daemon.ready_line(addresses), flush=True)
+    running = config.identity_dir / RUNNING_FILE
+    await loop.run_in_executor(None, _write_running, running, daemon.node, addresses)
     try:
-        await stop.wait()
+        stopping = asyncio.ensure_future(stop.wait())
+        failed = asyncio.ensure_future(daemon.stopped.wait())
+        await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (stopping, failed):
+            waiter.cancel()
     finally:
         await daemon.stop()
+        with contextlib.suppress(OSError):
+            running.unlink()
+    if daemon.failure is not None:
+        print(f"shoal agent: error: {daemon.failure}", file=sys.stderr, flush=True)
+        return 1
     return 0

@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.chat_bench import add_arguments as add_chat_arguments
 
     add_chat_arguments(b)
+    b = bench.add_parser("fleet", help="a fleet forming and noticing losses, in a lab of network namespaces (root)")
+    from bench.fleet_bench import add_arguments as add_fleet_arguments
+
+    add_fleet_arguments(b)
     return parser
 
 
@@ -80,6 +84,10 @@ def _run_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         from bench.ring_bench import run_bench_ring
 
         return run_bench_ring(args, cache_dir)
+    if args.bench == "fleet":
+        from bench.fleet_bench import run_fleet_bench
+
+        return run_fleet_bench(args)
     if args.bench == "chat":
         from bench.chat_bench import run_bench_chat
 

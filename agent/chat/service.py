@@ -38,6 +38,7 @@ from agent.chat.stop_text import StopText
 from agent.chat.watch import ClientWatch
 from agent.errors import (
     ChatProtocolError,
+    ConfigError,
     FleetBusyError,
     PeerUnavailableError,
     PromptTooLongError,
@@ -58,6 +59,7 @@ from agent.runtime.protocol import new_sessions
 from agent.transport.listen import listen_tcp
 from agent.transport.network import Network
 from agent.transport.tasks import OwnedTasks
+from shards.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +96,18 @@ class ChatService:
         """``network``: how this head reaches the ring's stages; ``load_tokenizer``: reads the export's
         tokenizer folder (default ``ChatTokenizer``; the middle test tier gives a toy one)."""
         assert config.chat is not None and config.chat_file is not None
+        if server.manifest is None or config.export_dir is None:
+            raise ConfigError("heading chats needs the export (its tokenizer and the stages' manifest)")
         self.config = config
+        self.manifest: Manifest = server.manifest
+        self.export_dir: Path = config.export_dir
         self.server = server
         self.node = server.node
         self._network = network
         self._load_tokenizer = load_tokenizer or ChatTokenizer
         self.tokenizer: ChatTokenizer | None = None  # loaded by start(), off the event loop
-        self.drafters = DrafterFactory(config.drafter, config.export_dir, server.manifest, config.runtime)
-        self._holds_all = len(server.stages) == len(server.manifest.stages)
+        self.drafters = DrafterFactory(config.drafter, self.export_dir, self.manifest, config.runtime)
+        self._holds_all = len(server.stages) == len(self.manifest.stages)
         self._holds_first = server.serves and server.hello.layer_start == 0
         self._client: RingClient | None = None
         self._connecting = asyncio.Lock()
@@ -116,13 +122,13 @@ class ChatService:
     @property
     def model_id(self) -> str:
         """The model these chats are answered by (its source's id, as an OpenAI client lists it)."""
-        return self.server.manifest.source.id
+        return self.manifest.source.id
 
     async def start(self, http_url: str | None = None) -> tuple[str, int]:
         """Listen on the configured loopback address and write the endpoint file (naming ``http_url``, the
         OpenAI-style API's base URL, if one serves these chats); returns the address."""
         host, port = self.config.chat  # type: ignore[misc]
-        folder = self.config.export_dir / "tokenizer"
+        folder = self.export_dir / "tokenizer"
         loop = asyncio.get_running_loop()
         self.tokenizer = await loop.run_in_executor(None, self._load_tokenizer, folder)
         await loop.run_in_executor(None, self.drafters.prepare)  # a draft model is compiled once, now
@@ -231,7 +237,7 @@ class ChatService:
         """The events of one answer: a ``token`` per generated token, then ``done``; or an ``error``."""
         if request.seed is None:  # one seed per answer, told in its done event: the answer can be had again
             request = replace(request, seed=secrets.randbits(31))
-        manifest = self.server.manifest
+        manifest = self.manifest
         params = request.sampling
         tokenizer = self.tokenizer
         assert tokenizer is not None, "start() first"
@@ -355,7 +361,7 @@ class ChatService:
                 max_tokens=request.max_tokens - len(sent),
                 stop_ids=tokenizer.stop_ids,
                 params=request.sampling,
-                context_tokens=self.server.manifest.context_tokens,
+                context_tokens=self.manifest.context_tokens,
                 drafter=self.drafters.new(request.sampling),
                 k_policy=AdaptiveK(),
                 executor=self.server.executor,
@@ -456,7 +462,7 @@ class ChatService:
                 first, last = self._ring_addresses()
                 local = self.server.stages if self._holds_first else []
                 client = RingClient(
-                    self.server.manifest,
+                    self.manifest,
                     first,
                     last,
                     self._network,

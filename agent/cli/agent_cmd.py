@@ -38,6 +38,9 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "drafter": args.drafter,
         "chat_keep": args.chat_keep,
         "chat_keep_max": args.chat_keep_max,
+        "peers": args.peer or None,
+        "mdns": False if args.no_mdns else None,
+        "lost_after": args.lost_after,
     }
     # the identity (and the chat endpoint file) under the data dir unless a flag or the file names one
     config = load_agent_config(

@@ -130,10 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=200)
 
-    p = sub.add_parser("agent", help="serve stage(s) of an export on the ring (a long-running daemon)")
+    p = sub.add_parser(
+        "agent", help="join the fleet and serve stage(s) of an export on the ring (a long-running daemon)"
+    )
     p.add_argument("export_dir", type=Path, nargs="?", default=None)
     p.add_argument("--config", type=Path, default=None, help="TOML file with the same settings as the flags")
     p.add_argument("--stage", type=int, action="append", default=[], help="stage index to serve (repeatable)")
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a fleet member to dial at start (repeatable); without multicast one is enough",
+    )
+    p.add_argument("--no-mdns", action="store_true", help="neither announce nor browse over mDNS")
+    p.add_argument(
+        "--lost-after", type=float, default=None, metavar="SECONDS", help="a member unheard this long is lost (10)"
+    )
     p.add_argument("--identity", type=Path, default=None, help="node identity folder (cert.pem, key.pem, ca.pem)")
     p.add_argument("--listen", default=None, help="HOST:PORT to listen on (default 127.0.0.1:0, any free port)")
     p.add_argument("--next", default=None, help="HOST:PORT of the next stage (not for the last stage)")
@@ -218,11 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--stop", action="append", default=[], metavar="TEXT", help="text that ends the answer (repeatable, up to 4)"
     )
 
+    p = sub.add_parser("doctor", help="check why this PC does not find the fleet (or it this PC); exit 1 if wrong")
+    p.add_argument("--identity", type=Path, default=None, help="this node's identity folder")
+    p.add_argument("--agent", default=None, metavar="HOST:PORT", help="the agent to ask (default: the running one)")
+    p.add_argument("--probe-seconds", type=float, default=3.0, help="how long each mDNS probe listens (3)")
+
     p = sub.add_parser("status", help="ask agents for their status (JSON)")
     p.add_argument("address", nargs="+", help="HOST:PORT of an agent")
     p.add_argument("--identity", type=Path, default=None, help="this node's identity folder")
 
-    p = sub.add_parser("fleet", help="the fleet's private CA and node certificates")
+    p = sub.add_parser("fleet", help="the fleet's private CA, node certificates, join tokens and revocations")
     fleet = p.add_subparsers(dest="fleet_command", required=True)
     f = fleet.add_parser("init", help="create the fleet's certificate authority")
     f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
@@ -234,6 +252,38 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--ip", action="append", default=[], help="an IP address of the node (repeatable)")
     f.add_argument("--days", type=int, default=365, help="validity in days")
     f.add_argument("--out", type=Path, default=None, help="identity folder to write (default: <fleet dir>/nodes/NODE)")
+    f = fleet.add_parser(
+        "token",
+        help="make a one-time join token and print the `shoal join` command for a new PC",
+        description="Make a join token. The new PC joins while `shoal fleet serve-enrollment` runs on this PC "
+        "(where the fleet CA key is) at the printed address.",
+    )
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument("--ttl", default="24h", help="lifetime: 30m, 24h, 7d (default 24h)")
+    f.add_argument("--uses", type=int, default=1, help="how many PCs may join with it (default 1)")
+    f.add_argument(
+        "--address",
+        default=None,
+        metavar="HOST:PORT",
+        help="where serve-enrollment listens, for the printed command (default: this PC's first IPv4 address, "
+        "port 7300)",
+    )
+    f = fleet.add_parser("serve-enrollment", help="let PCs with a join token enroll (runs until Ctrl-C)")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument("--listen", default="0.0.0.0:7300", metavar="HOST:PORT", help="address (default 0.0.0.0:7300)")
+    f = fleet.add_parser("list", help="the enrolled nodes, and which are revoked")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f = fleet.add_parser("revoke", help="revoke a node's certificates (writes the signed revocation list)")
+    f.add_argument("node", help="node name or node id")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+
+    p = sub.add_parser("join", help="enroll this PC in a fleet with a join token (from `shoal fleet token`)")
+    p.add_argument("address", metavar="TOKEN@HOST:PORT", help="the token and the enrollment server's address")
+    p.add_argument("--name", default=None, help="this PC's node name (default: its host name)")
+    p.add_argument("--out", type=Path, default=None, help="identity folder (default: <data dir>/fleet/nodes/NAME)")
+    p.add_argument(
+        "--ip", action="append", default=[], help="an IP address of this PC for its certificate (repeatable)"
+    )
 
     p = sub.add_parser("bench", help="measure this PC (the benchmark harness is python -m bench, beside tests/)")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -275,6 +325,10 @@ def _run_command(args: argparse.Namespace, cache_dir: Path) -> int:
         from agent.cli.ask_cmd import run_ask
 
         return run_ask(args, default_data_dir())
+    if args.command == "doctor":
+        from agent.cli.doctor_cmd import run_doctor
+
+        return run_doctor(args, default_data_dir())
     if args.command == "status":
         from agent.cli.status_cmd import run_status
 
@@ -283,6 +337,10 @@ def _run_command(args: argparse.Namespace, cache_dir: Path) -> int:
         from agent.cli.fleet_cmd import run_fleet
 
         return run_fleet(args, default_data_dir())
+    if args.command == "join":
+        from agent.cli.join_cmd import run_join
+
+        return run_join(args, default_data_dir())
     if args.command == "bench":
         from agent.measure.stages import run_bench_stages
 

@@ -7,27 +7,38 @@ A fleet folder looks like this::
     <dir>/nodes/<NODE>/cert.pem  a node certificate, CN = NODE, signed by the CA
     <dir>/nodes/<NODE>/key.pem   its private key (0600)
     <dir>/nodes/<NODE>/ca.pem    a copy of the CA certificate, so the folder alone is a complete identity
+    <dir>/enrolled.json          every certificate issued to a node: name, node id, fingerprint, when, how
+    <dir>/tokens.json            outstanding join tokens (0600; ``agent.fleet.enrollment``)
+    <dir>/revocations.json       the signed revocation list (``agent.fleet.revocation``)
 
 Every key is EC P-256: small certificates, fast handshakes, supported by every TLS stack we meet.
 Files are written atomically (temp file + ``os.replace``) so that a crash never leaves a
-half-written key or certificate behind for the agent to choke on.
+half-written key or certificate behind for the agent to choke on. The JSON files are read, changed and
+written back under :func:`fleet_lock`, so that two commands (``shoal fleet token`` while
+``shoal fleet serve-enrollment`` redeems one) never lose each other's change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import hashlib
 import ipaddress
+import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
 from agent.errors import FleetError
 
@@ -60,6 +71,22 @@ class FleetPaths:
     @property
     def nodes(self) -> Path:
         return self.root / "nodes"
+
+    @property
+    def enrolled(self) -> Path:
+        return self.root / "enrolled.json"
+
+    @property
+    def tokens(self) -> Path:
+        return self.root / "tokens.json"
+
+    @property
+    def revocations(self) -> Path:
+        return self.root / "revocations.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
 
     def node_dir(self, node: str) -> Path:
         """The default identity folder of ``node`` (the name is validated first)."""
@@ -106,6 +133,16 @@ class NodeIdentity:
         return common_name(self.certificate())
 
     @property
+    def node_id(self) -> str:
+        """This PC's node id (:func:`node_id_of` its certificate)."""
+        return node_id_of(self.certificate())
+
+    @property
+    def fleet_id(self) -> str:
+        """The id of the fleet whose CA this identity trusts (:func:`fleet_id_of`)."""
+        return fleet_id_of(read_certificate(self.ca))
+
+    @property
     def fingerprint(self) -> str:
         """``sha256:<hex>`` of the node certificate (DER)."""
         return cert_fingerprint(self.certificate())
@@ -123,6 +160,43 @@ def validate_node_name(node: str) -> str:
 def cert_fingerprint(cert: x509.Certificate) -> str:
     """``sha256:<64 hex digits>`` of the certificate's DER encoding (what peers and join tokens pin)."""
     return "sha256:" + cert.fingerprint(hashes.SHA256()).hex()
+
+
+def spki_sha256(cert: x509.Certificate) -> str:
+    """Hex sha256 of the certificate's public key (its DER SubjectPublicKeyInfo): what a join token pins the
+    fleet CA by, as ``kubeadm --discovery-token-ca-cert-hash`` does (it survives re-issuing the certificate)."""
+    return key_sha256(cert.public_key())
+
+
+def key_sha256(public_key: PublicKeyTypes) -> str:
+    """Hex sha256 of a public key's DER SubjectPublicKeyInfo (:func:`spki_sha256` before there is a certificate)."""
+    spki = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(spki).hexdigest()
+
+
+NODE_ID_LENGTH = 12
+"""Hex digits of a node id: 48 bits, so that an office's PCs never share one by chance."""
+NODE_ID_RE = re.compile(rf"[0-9a-f]{{{NODE_ID_LENGTH}}}")
+FLEET_ID_RE = re.compile(r"[0-9a-f]{16}")
+FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
+"""The forms of a node id, a fleet id (:func:`fleet_id_of`) and a certificate fingerprint (:func:`cert_fingerprint`)."""
+
+
+def node_id_of(cert: x509.Certificate) -> str:
+    """The node id of an enrolled PC: the start of its public key's sha256. It is derived from the certificate,
+    so a PC keeps it when its certificate is renewed with the same key, and two PCs share it only when one's
+    identity folder was copied from the other."""
+    return node_id_of_key(cert.public_key())
+
+
+def node_id_of_key(public_key: PublicKeyTypes) -> str:
+    """The node id a certificate for ``public_key`` will have (:func:`node_id_of`)."""
+    return key_sha256(public_key)[:NODE_ID_LENGTH]
+
+
+def fleet_id_of(ca: x509.Certificate) -> str:
+    """The fleet id: the start of the fleet CA's public-key sha256 (announced over mDNS; not a secret)."""
+    return spki_sha256(ca)[:16]
 
 
 def common_name(cert: x509.Certificate) -> str:
@@ -192,10 +266,10 @@ def init_fleet(dir: Path, name: str = "shoal", force: bool = False) -> Path:
         .sign(key, hashes.SHA256())
     )
     # The root holds the CA key: keep it private to its owner where the OS honours modes.
-    _make_dir(paths.root)
+    make_dir(paths.root)
     # Key first: ca.pem is what `issue` and the agent look for, so it appears only once the key is in place.
-    _write_atomic(paths.ca_key, _key_pem(key), private=True)
-    _write_atomic(paths.ca_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    write_atomic(paths.ca_key, key_pem(key), private=True)
+    write_atomic(paths.ca_cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
     return paths.ca_cert
 
 
@@ -206,34 +280,95 @@ def issue_node(
     days: int = 365,
     out: Path | None = None,
 ) -> NodeIdentity:
-    """Issue a certificate for ``node`` from the CA in ``dir`` and write its identity folder.
+    """Issue a certificate for ``node`` from the CA in ``dir``, write its identity folder and record it in
+    ``enrolled.json`` (how: ``"issued"``).
 
     The folder is ``out`` or ``<dir>/nodes/<node>``; an existing identity there is replaced
-    (re-issuing is how a node's certificate is renewed).
+    (re-issuing is how a node's certificate is renewed). The CA holder is the one asking, so unlike a
+    join by token, a name already enrolled with another key is not refused: the new certificate is
+    recorded beside the old one, and ``shoal fleet revoke NODE`` revokes both.
     """
     paths = FleetPaths(Path(dir))
     validate_node_name(node)
     if days < 1:
         raise FleetError(f"--days must be at least 1, not {days}")
-    addresses = _parse_ips(ips)
-    ca_key, ca_cert = _load_ca(paths)
+    ips = list(ips)
+    _parse_ips(ips)  # refuse a bad address before touching anything
+    ca_key, ca_cert = load_ca(paths.root)
 
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    # A node certificate must not outlive its CA: verifiers would reject the chain at that point anyway.
-    not_after = min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
+    cert = node_certificate(ca_key, ca_cert, key.public_key(), node, ips=ips, days=days)
+
+    folder = Path(out) if out is not None else paths.node_dir(node)
+    with fleet_lock(paths.root):
+        enrolled = enrolled_nodes(paths.root)  # a malformed registry stops us before anything is written
+        make_dir(folder)
+        identity = NodeIdentity.in_folder(folder)
+        write_atomic(identity.key, key_pem(key), private=True)
+        write_atomic(identity.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+        write_atomic(identity.ca, ca_cert.public_bytes(serialization.Encoding.PEM), private=False)
+        _write_enrolled(paths, (*enrolled, EnrolledNode.of(cert, "issued")))
+    return identity
+
+
+NODE_USAGES = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
+"""Every node both accepts connections (from its predecessor) and makes them (to its successor)."""
+
+
+def node_certificate(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    public_key: object,
+    node: str,
+    ips: Iterable[str] = (),
+    days: int = 365,
+    now: dt.datetime | None = None,
+) -> x509.Certificate:
+    """A node certificate for ``public_key`` (EC P-256): CN = ``node``, SANs ``node``, ``node.local``,
+    127.0.0.1 and ``ips``, server and client auth, ``days`` of validity (never past the CA's).
+
+    Both ``issue_node`` (the key made here) and enrollment (the key in a joiner's CSR) issue through it.
+    """
+    validate_node_name(node)
+    if days < 1:
+        raise FleetError(f"--days must be at least 1, not {days}")
+    if not (isinstance(public_key, ec.EllipticCurvePublicKey) and isinstance(public_key.curve, ec.SECP256R1)):
+        raise FleetError("a node key must be EC P-256")
     san: list[x509.GeneralName] = [x509.DNSName(node), x509.DNSName(f"{node}.local")]
-    san += [x509.IPAddress(ip) for ip in addresses]
+    san += [x509.IPAddress(ip) for ip in _parse_ips(ips)]
+    return sign_certificate(
+        ca_key, ca_cert, public_key, node, san, dt.timedelta(days=days), usages=NODE_USAGES, now=now
+    )
+
+
+def sign_certificate(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    public_key: ec.EllipticCurvePublicKey,
+    common_name: str,
+    san: Sequence[x509.GeneralName],
+    lifetime: dt.timedelta,
+    usages: Sequence[ObjectIdentifier],
+    now: dt.datetime | None = None,
+) -> x509.Certificate:
+    """The one builder of the end-entity certificates the CA signs (node certificates, the enrollment
+    server's): not a CA, digital signature only, the given extended key ``usages``, SKI/AKI.
+
+    It starts :data:`CLOCK_SKEW` before ``now`` and must not outlive its CA: verifiers would reject the
+    chain at that point anyway.
+    """
+    now = now if now is not None else dt.datetime.now(dt.UTC)
+    not_after = min(now + lifetime, ca_cert.not_valid_after_utc)
     try:
         ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski)
     except x509.ExtensionNotFound:
         aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
-    cert = (
+    return (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(not_after)
@@ -252,24 +387,72 @@ def issue_node(
             ),
             critical=True,
         )
-        # Every node both accepts connections (from its predecessor) and makes them (to its successor).
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-            critical=False,
-        )
-        .add_extension(x509.SubjectAlternativeName(san), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
+        .add_extension(x509.SubjectAlternativeName(list(san)), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(aki, critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
-    folder = Path(out) if out is not None else paths.node_dir(node)
-    _make_dir(folder)
-    identity = NodeIdentity.in_folder(folder)
-    _write_atomic(identity.key, _key_pem(key), private=True)
-    _write_atomic(identity.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
-    _write_atomic(identity.ca, ca_cert.public_bytes(serialization.Encoding.PEM), private=False)
-    return identity
+
+@dataclass(frozen=True)
+class EnrolledNode:
+    """One certificate the CA issued to a node, as ``enrolled.json`` records it."""
+
+    name: str
+    node_id: str
+    fingerprint: str
+    enrolled_at: dt.datetime
+    how: str
+    """``"issued"`` (``shoal fleet issue``) or the id of the join token redeemed."""
+
+    @classmethod
+    def of(cls, cert: x509.Certificate, how: str, now: dt.datetime | None = None) -> EnrolledNode:
+        when = now if now is not None else dt.datetime.now(dt.UTC)
+        return cls(common_name(cert), node_id_of(cert), cert_fingerprint(cert), when.replace(microsecond=0), how)
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "node_id": self.node_id,
+            "fingerprint": self.fingerprint,
+            "enrolled_at": utc_iso(self.enrolled_at),
+            "how": self.how,
+        }
+
+    @classmethod
+    def from_json(cls, item: object, where: Path) -> EnrolledNode:
+        if not isinstance(item, dict) or not all(
+            isinstance(item.get(k), str) for k in ("name", "node_id", "fingerprint", "enrolled_at", "how")
+        ):
+            raise FleetError(f"{where} is malformed (an entry is not name, node_id, fingerprint, enrolled_at, how)")
+        return cls(
+            item["name"], item["node_id"], item["fingerprint"], parse_utc(item["enrolled_at"], where), item["how"]
+        )
+
+
+def enrolled_nodes(dir: Path) -> tuple[EnrolledNode, ...]:
+    """Every certificate recorded in ``<dir>/enrolled.json``, oldest first (none if the file is absent)."""
+    path = FleetPaths(Path(dir)).enrolled
+    doc = read_json(path)
+    if doc is None:
+        return ()
+    nodes = doc.get("nodes") if doc.get("schema") == 1 else None
+    if not isinstance(nodes, list):
+        raise FleetError(f"{path} is malformed (expected schema 1 and a list of nodes)")
+    return tuple(EnrolledNode.from_json(item, path) for item in nodes)
+
+
+def record_enrollment(dir: Path, cert: x509.Certificate, how: str, now: dt.datetime | None = None) -> EnrolledNode:
+    """Add ``cert`` to ``<dir>/enrolled.json``; the caller holds :func:`fleet_lock`."""
+    paths = FleetPaths(Path(dir))
+    entry = EnrolledNode.of(cert, how, now)
+    _write_enrolled(paths, (*enrolled_nodes(paths.root), entry))
+    return entry
+
+
+def _write_enrolled(paths: FleetPaths, nodes: Iterable[EnrolledNode]) -> None:
+    write_json(paths.enrolled, {"schema": 1, "nodes": [n.to_json() for n in nodes]}, private=False)
 
 
 def _parse_ips(ips: Iterable[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -285,7 +468,10 @@ def _parse_ips(ips: Iterable[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv
     return result
 
 
-def _load_ca(paths: FleetPaths) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def load_ca(dir: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """The fleet CA's key and certificate in ``dir``; :class:`FleetError` saying what to do if either is
+    missing, unreadable, or they are not a pair."""
+    paths = FleetPaths(Path(dir))
     if not paths.ca_cert.is_file():
         raise FleetError(f"no fleet CA in {paths.root}: run `shoal fleet init` first (with the same --dir)")
     if not paths.ca_key.is_file():
@@ -306,21 +492,23 @@ def _load_ca(paths: FleetPaths) -> tuple[ec.EllipticCurvePrivateKey, x509.Certif
     return key, cert
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """The PKCS#8 PEM of ``key``, unencrypted."""
     # Unencrypted: agents start unattended; the 0600 file mode is the protection.
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
 
 
-def _make_dir(folder: Path) -> None:
+def make_dir(folder: Path) -> None:
+    """Create ``folder`` (and its parents), private to its owner where the OS honours modes."""
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise FleetError(f"cannot create {folder}: {exc}") from exc
 
 
-def _write_atomic(path: Path, data: bytes, private: bool) -> None:
+def write_atomic(path: Path, data: bytes, private: bool) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``."""
     try:
         # mkstemp creates the file 0600 from the start, so a private key is never readable by
@@ -341,3 +529,74 @@ def _write_atomic(path: Path, data: bytes, private: bool) -> None:
         if isinstance(exc, OSError):
             raise FleetError(f"cannot write {path}: {exc}") from exc
         raise
+
+
+def write_json(path: Path, doc: object, private: bool) -> None:
+    """Write ``doc`` as indented JSON with :func:`write_atomic`."""
+    write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), private=private)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, None if there is no such file; :class:`FleetError` if it is not one."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise FleetError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise FleetError(f"{path} is malformed (not a JSON object)")
+    return doc
+
+
+def utc_iso(when: dt.datetime) -> str:
+    """``2025-01-31T12:00:00Z``: how the fleet's JSON files write a moment (seconds, UTC)."""
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_utc(text: str, where: object) -> dt.datetime:
+    """The moment :func:`utc_iso` wrote; :class:`FleetError` naming ``where`` if it is not one."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise FleetError(f"{where} is malformed (bad time {text!r})") from exc
+    if when.tzinfo is None:
+        raise FleetError(f"{where} is malformed (time {text!r} has no time zone)")
+    return when.astimezone(dt.UTC)
+
+
+LOCK_TIMEOUT = 10.0
+"""Seconds to wait for the fleet folder's lock (holders keep it for milliseconds)."""
+STALE_LOCK = 60.0
+"""A lock file older than this was left by a process that died while holding it."""
+
+
+@contextlib.contextmanager
+def fleet_lock(dir: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold ``<dir>/.lock`` (an exclusively created file: works across processes, on every OS) while a
+    JSON file of the fleet folder is read, changed and written back. It blocks: call it off the event loop."""
+    path = FleetPaths(Path(dir)).lock
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            break
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > STALE_LOCK:
+                    path.unlink()
+                    continue
+            if time.monotonic() > deadline:
+                raise FleetError(
+                    f"{path} is held by another shoal command; if none is running, remove that file"
+                ) from None
+            time.sleep(0.01)
+        except OSError as exc:
+            raise FleetError(f"cannot lock {path}: {exc}") from exc
+    try:
+        with contextlib.suppress(OSError):
+            os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        yield
+    finally:
+        path.unlink(missing_ok=True)

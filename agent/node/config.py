@@ -30,10 +30,12 @@ def parse_address(text: str) -> tuple[str, int]:
 class AgentConfig:
     """What one ``shoal agent`` serves and how."""
 
-    export_dir: Path
+    export_dir: Path | None
+    """The export whose stages this agent serves; None for a member that holds no stage yet (it joins the fleet
+    and waits for the fleet plan)."""
     stages: tuple[int, ...]
     """Indices of the consecutive stages this agent serves; none for a PC that only heads its user's chats
-    (it then needs ``chat``, ``ring_first`` and ``ring_last``)."""
+    (it then needs ``chat``, ``ring_first`` and ``ring_last``), or that only is a member."""
     identity_dir: Path
     """Folder with this node's ``cert.pem``, ``key.pem`` and the fleet's ``ca.pem``."""
     listen: tuple[str, int] = ("127.0.0.1", 0)
@@ -72,13 +74,24 @@ class AgentConfig:
     step_timeout: float = 30.0
     """Seconds a chat's step waits for its answer, plus 0.1 s per position it carries (a prompt), before the
     session is given up (``agent.head.ring_client.StepDeadline``)."""
+    peers: tuple[tuple[str, int], ...] = ()
+    """Fleet members to dial at start (``--peer``): where multicast does not carry, one is enough."""
+    mdns: bool = True
+    """Announce and browse over mDNS (off by itself when the agent listens on loopback only)."""
+    lost_after: float = 10.0
+    """Seconds a fleet member may stay unheard before it counts as lost (``discovery.membership``)."""
 
     @property
     def liveness(self) -> Liveness:
         return Liveness(self.heartbeat_interval, self.link_timeout)
 
     def __post_init__(self) -> None:
-        if not self.stages:
+        if self.export_dir is None:
+            if self.stages or self.chat is not None:
+                raise ConfigError(
+                    "serving stages or heading chats needs the export (export_dir, the agent's first argument)"
+                )
+        elif not self.stages:
             if self.chat is None or self.ring_first is None or self.ring_last is None:
                 raise ConfigError(
                     "an agent that serves no stage heads chats only: give it chat, ring_first and ring_last "
@@ -105,6 +118,8 @@ class AgentConfig:
         if self.chat_keep < 0 or self.chat_keep_max < 0:
             raise ConfigError("chat_keep and chat_keep_max must not be negative")
         Liveness(self.heartbeat_interval, self.link_timeout)  # refuses an interval that does not fit the timeout
+        if self.lost_after <= 0:
+            raise ConfigError("lost_after must be a positive number of seconds")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTERS)}, not {self.drafter!r}")
 
@@ -122,6 +137,10 @@ def _text(name: str, value: Any) -> str:
 
 def _path(name: str, value: Any) -> Path:
     return value if isinstance(value, Path) else Path(_text(name, value))
+
+
+def _optional_path(name: str, value: Any) -> Path | None:
+    return None if value is None else _path(name, value)
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -169,6 +188,11 @@ def _address(name: str, value: Any) -> tuple[str, int] | None:
         raise ConfigError(f"agent setting {name!r}: {exc}") from exc
 
 
+def _addresses(name: str, value: Any) -> tuple[tuple[str, int], ...]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return tuple(a for a in (_address(name, item) for item in items) if a is not None)
+
+
 def _stages(name: str, value: Any) -> tuple[int, ...]:
     indices = value if isinstance(value, (list, tuple)) else [value]  # [] or (): a head holding no stage
     return tuple(_whole(0)(name, index) for index in indices)
@@ -186,7 +210,7 @@ def _device(name: str, value: Any) -> str:
 
 
 _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
-    "export_dir": _path,
+    "export_dir": _optional_path,
     "stages": _stages,
     "identity_dir": _path,
     "listen": _address,
@@ -206,6 +230,9 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "heartbeat_interval": _seconds,
     "link_timeout": _seconds,
     "step_timeout": _seconds,
+    "peers": _addresses,
+    "mdns": _flag,
+    "lost_after": _seconds,
 }
 """Every agent setting and how its value is read and checked (a message names the setting)."""
 _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
@@ -229,7 +256,7 @@ def load_agent_config(
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
     chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
-    heartbeat_interval, link_timeout, step_timeout.
+    heartbeat_interval, link_timeout, step_timeout, peers (list of ``HOST:PORT``), mdns, lost_after.
     """
     values: dict[str, Any] = {}
     if path is not None:
@@ -244,10 +271,10 @@ def load_agent_config(
     unknown = set(values) - set(_SETTINGS) - set(_RUNTIME_SETTINGS)
     if unknown:
         raise ConfigError(f"unknown agent settings: {', '.join(sorted(unknown))}")
-    for required in ("export_dir", "identity_dir"):
-        if required not in values:
-            raise ConfigError(f"agent setting {required!r} is missing (flag or config file)")
-    if "stages" not in values and "chat" not in values:
+    if "identity_dir" not in values:
+        raise ConfigError("agent setting 'identity_dir' is missing (flag or config file)")
+    values.setdefault("export_dir", None)
+    if values["export_dir"] is not None and "stages" not in values and "chat" not in values:
         raise ConfigError(
             "agent setting 'stages' is missing (flag or config file); an agent that serves no stage "
             "must head chats (chat, ring_first, ring_last)"

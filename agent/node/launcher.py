@@ -24,7 +24,7 @@ READY = re.compile(r"shoal agent: ready node=(\S+) listen=(\S+):(\d+)")
 class LocalAgent:
     """One agent subprocess; the last lines of its log (stderr) are kept in ``log``."""
 
-    stage: int
+    stage: int | None
     process: subprocess.Popen[str]
     address: tuple[str, int] = ("", 0)
     log: deque[str] = field(default_factory=lambda: deque(maxlen=20_000))
@@ -44,8 +44,8 @@ class LocalAgent:
 
 
 def launch_agent(
-    export_dir: Path,
-    stage: int,
+    export_dir: Path | None,
+    stage: int | None,
     identity_dir: Path,
     cache_dir: Path,
     *,
@@ -60,7 +60,8 @@ def launch_agent(
     env: Mapping[str, str] | None = None,
 ) -> LocalAgent:
     """Start one agent and wait (at most ``timeout`` seconds) for its ready line: it has verified and compiled
-    its stage. Its log (stderr) is kept in ``LocalAgent.log`` and, with ``log_path``, written to that file.
+    its stage (with no ``export_dir`` and ``stage``: a member that holds no stage, which is ready at once).
+    Its log (stderr) is kept in ``LocalAgent.log`` and, with ``log_path``, written to that file.
 
     ``core``: the one CPU the agent runs on (with ``taskset`` where it is installed, else set in the child
     before it starts Python); ``wrapper``: a command the agent runs under, e.g. ``ip netns exec NS`` for an
@@ -73,9 +74,8 @@ def launch_agent(
         "--cache-dir",
         str(cache_dir),
         "agent",
-        str(export_dir),
-        "--stage",
-        str(stage),
+        *([str(export_dir)] if export_dir is not None else []),
+        *(["--stage", str(stage)] if stage is not None else []),
         "--identity",
         str(identity_dir),
         "--listen",
@@ -124,7 +124,8 @@ def launch_agent(
     agent.stop()
     tail = "\n".join(list(agent.log)[-15:])
     why = f"it ended (exit {process.returncode})" if ended else f"it was not ready within {timeout:.0f} s"
-    raise RingError(f"the agent for stage {stage} did not start: {why}:\n{tail}")
+    which = f"the agent for stage {stage}" if stage is not None else f"the agent {identity_dir.name}"
+    raise RingError(f"{which} did not start: {why}:\n{tail}")
 
 
 def launch_ring(

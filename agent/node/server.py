@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +56,7 @@ class StageServer:
     def __init__(
         self,
         config: AgentConfig,
-        manifest: Manifest,
+        manifest: Manifest | None,
         stages: Sequence[Stage],
         node: str,
         network: Network,
@@ -75,7 +75,7 @@ class StageServer:
         self.hello = Hello(
             node=node,
             role="stage",
-            export_id=manifest.export_id,
+            export_id=manifest.export_id if manifest is not None else "",
             layer_start=graphs[0].layer_start if graphs else 0,
             layer_stop=graphs[-1].layer_stop if graphs else 0,
             is_last=self.is_last,
@@ -96,6 +96,9 @@ class StageServer:
         self.kv_cut_seconds = 0.0
         """Of ``compute_seconds``: cutting rejected drafts out of the KV state (``--rewind compact``)."""
         self.status_sections: dict[str, Callable[[], Any]] = {}
+        self.roles: dict[str, Callable[[FrameConnection, Hello], Awaitable[None]]] = {}
+        """Who serves connections of the other roles (``member``: the fleet's control links), after their HELLO:
+        one listening port per agent."""
         """More of ``status()``, from what runs beside the stages (the agent's chats)."""
         self.successor: SuccessorLink | None = None
         if self.serves and not self.is_last:
@@ -162,9 +165,16 @@ class StageServer:
         hello: Hello | None = None
         try:
             hello = parse(await expect(connection, FrameType.HELLO, HANDSHAKE_TIMEOUT), Hello)
-            if hello.role != "status" and hello.export_id != self.manifest.export_id:
+            other_role = self.roles.get(hello.role)
+            if other_role is not None:
+                await other_role(connection, hello)
+                return
+            if hello.role not in ("status", "head", "stage"):
+                raise RemoteProtocolError(f"this agent takes no {hello.role} connections")
+            if hello.role != "status" and (self.manifest is None or hello.export_id != self.manifest.export_id):
                 raise RemoteProtocolError(
-                    f"peer runs export {hello.export_id}, this agent serves {self.manifest.export_id}"
+                    f"peer runs export {hello.export_id}, this agent serves "
+                    f"{self.manifest.export_id if self.manifest is not None else 'no export yet'}"
                 )
             await connection.send(self.hello.to_frame())
             log.info("node=%s accepted %s %s (%s)", self.node, hello.role, hello.node, where)
@@ -327,7 +337,9 @@ class StageServer:
         return head
 
     def _inputs(self, frame: Frame) -> np.ndarray:
-        count = frame.count
+        count, manifest = frame.count, self.manifest
+        if manifest is None:
+            raise _SessionFailure("bad_request", f"{self.node} serves no export yet")
         if count < 1:
             raise _SessionFailure("bad_request", "a step carries at least one position")
         try:
@@ -338,10 +350,10 @@ class StageServer:
             if array.shape != (1, count) or array.dtype.kind != "i":
                 raise _SessionFailure("bad_request", f"stage 0 takes [1, {count}] token ids, not {array.shape}")
             ids = array.astype(np.int64)
-            if ids.min() < 0 or ids.max() >= self.manifest.arch.vocab_size:
+            if ids.min() < 0 or ids.max() >= manifest.arch.vocab_size:
                 raise _SessionFailure("bad_request", "token id outside the vocabulary")
             return ids
-        hidden = self.manifest.arch.hidden_size
+        hidden = manifest.arch.hidden_size
         if array.shape != (1, count, hidden) or array.dtype.kind != "f":
             raise _SessionFailure("bad_request", f"expected hidden states [1, {count}, {hidden}], got {array.shape}")
         return array.astype(np.float32)
@@ -462,7 +474,7 @@ class StageServer:
         """What ``shoal status`` shows: held sessions, load, the link to the next stage."""
         return {
             "node": self.node,
-            "export_id": self.manifest.export_id,
+            "export_id": self.manifest.export_id if self.manifest is not None else None,
             "layers": [self.hello.layer_start, self.hello.layer_stop],
             "stages": list(self.config.stages),
             "is_last": self.is_last,

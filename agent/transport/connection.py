@@ -49,6 +49,18 @@ class FrameConnection:
         """Common name of the peer's fleet certificate."""
         return peer_name(self._writer.get_extra_info("ssl_object"))
 
+    @property
+    def peer_certificate(self) -> bytes | None:
+        """The peer's verified certificate (DER), or None (no TLS, or no certificate)."""
+        ssl_object = self._writer.get_extra_info("ssl_object")
+        if ssl_object is None:
+            return None
+        try:
+            der = ssl_object.getpeercert(binary_form=True)
+        except ValueError:  # handshake not done yet
+            return None
+        return der or None
+
     async def send(self, frame: Frame) -> None:
         """Queue one frame and wait until the transport can take more."""
         if self.closed:

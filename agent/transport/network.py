@@ -10,11 +10,14 @@ milliseconds, with the real frame codec and without sockets.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import ssl
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from agent.errors import PeerRefusedError
 from agent.fleet import NodeIdentity
 from agent.transport.connection import FrameConnection, dial
 from agent.transport.listen import listen_tcp
@@ -77,6 +80,23 @@ class TlsNetwork:
         self._client = client
         self._server = server
         self.node = node
+        self._refused: frozenset[str] = frozenset()
+        self._open: weakref.WeakSet[FrameConnection] = weakref.WeakSet()
+
+    def refuse(self, fingerprints: frozenset[str]) -> None:
+        """Refuse the certificates with these fingerprints (the fleet's revocation list) at every handshake
+        from now on, and drop the open connections whose peer presents one."""
+        self._refused = frozenset(fingerprints)
+        for connection in list(self._open):
+            if not connection.closed and _fingerprint(connection.peer_certificate) in self._refused:
+                log.warning("node=%s dropped %s: its certificate is revoked", self.node, connection.label)
+                connection.abort()
+
+    def _admit(self, connection: FrameConnection) -> bool:
+        if _fingerprint(connection.peer_certificate) in self._refused:
+            return False
+        self._open.add(connection)
+        return True
 
     @classmethod
     def of(cls, identity: NodeIdentity) -> TlsNetwork:
@@ -86,7 +106,11 @@ class TlsNetwork:
     async def dial(
         self, address: tuple[str, int], *, label: str = "", max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: float = 5.0
     ) -> FrameConnection:
-        return await dial(*address, self._client, timeout=timeout, max_payload=max_payload, label=label)
+        connection = await dial(*address, self._client, timeout=timeout, max_payload=max_payload, label=label)
+        if not self._admit(connection):
+            connection.abort()
+            raise PeerRefusedError(f"refused {connection.label}: its certificate is on the fleet's revocation list")
+        return connection
 
     async def listen(
         self, address: tuple[str, int], accept: Accept, *, max_payload: int = DEFAULT_MAX_PAYLOAD
@@ -104,10 +128,27 @@ class TlsNetwork:
             try:
                 await writer.start_tls(context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
             except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
-                log.warning("node=%s refused peer %s: TLS handshake failed: %s", self.node, where, exc)
+                log.warning(
+                    "node=%s refused peer %s: TLS handshake failed: %s",
+                    self.node,
+                    where,
+                    str(exc) or type(exc).__name__,
+                )
                 writer.transport.abort()
                 return
-            await accept(FrameConnection(reader, writer, max_payload=max_payload, label=f"peer {where}"))
+            connection = FrameConnection(reader, writer, max_payload=max_payload, label=f"peer {where}")
+            if not self._admit(connection):
+                log.warning(
+                    "node=%s refused peer %s: its certificate is on the fleet's revocation list", self.node, where
+                )
+                connection.abort()
+                return
+            await accept(connection)
 
         server = await listen_tcp(handshake, address, "the ring", limit=1 << 20)
         return _TcpListener(server)
+
+
+def _fingerprint(der: bytes | None) -> str:
+    """``sha256:<hex>`` of a DER certificate (as ``agent.fleet.cert_fingerprint``), "" for none."""
+    return "sha256:" + hashlib.sha256(der).hexdigest() if der else ""

@@ -33,7 +33,7 @@ import numpy as np
 from agent.errors import LocalProtocolError
 
 MAGIC = b"SH"
-PROTOCOL_VERSION = 3  # 2: PARK; 3: PING and PONG
+PROTOCOL_VERSION = 4  # 2: PARK; 3: PING and PONG; 4: MEMBERS
 HEADER = struct.Struct("<2sBBQIIHHHBB4II")
 HEADER_SIZE = HEADER.size
 MAX_NDIM = 4
@@ -55,6 +55,7 @@ class FrameType(enum.IntEnum):
     # down the ring; its next STEP makes it active again
     PING = 11  # the dialling end of a ring link checks its peer lives (``step``: a sequence number)
     PONG = 12  # the answer, at once, from the other end's event loop (the same ``step``)
+    MEMBERS = 13  # fleet membership on a control link (JSON, ``discovery.control``): announcements, gossip
 
 
 class StepFlags(enum.IntFlag):

@@ -13,7 +13,7 @@ from agent.wire.frames import Frame, FrameType
 
 M = TypeVar("M", bound="Message")
 
-ROLES = ("head", "stage", "status")
+ROLES = ("head", "stage", "status", "member", "admin")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ class Hello(Message):
 
     node: str
     role: str
-    """``head`` (drives sessions, receives results), ``stage`` (the previous stage), ``status``."""
+    """``head`` (drives sessions, receives results), ``stage`` (the previous stage), ``status``, ``member`` (a
+    fleet member's control link: ``discovery.control``)."""
     export_id: str = ""
     """Fingerprint of the export the speaker serves or drives; a ring only joins equal ones."""
     layer_start: int = 0

@@ -1,0 +1,103 @@
+"""``shoal doctor``: what a user runs when "it doesn't find the others". Gathers the facts; ``discovery.doctor``
+judges them. Prints one line per finding (and what to do), and exits 1 if anything is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+
+from agent.cli.common import identity_dir
+from agent.cli.status_cmd import StatusLink
+from agent.daemon import RUNNING_FILE, software_version
+from agent.errors import FleetError, RingError
+from agent.fleet import NodeIdentity, read_certificate
+from agent.node.config import parse_address
+from discovery.doctor import Finding, check_agent, check_certificate, check_members, check_multicast
+from discovery.mdns import MulticastProbe, probe_multicast
+from discovery.revocations import RevocationKeeper
+
+PEER_TIMEOUT = 3.0
+
+
+def run_doctor(args: argparse.Namespace, data_dir: Path) -> int:
+    identity = NodeIdentity.load(identity_dir(args.identity, data_dir))
+    findings = asyncio.run(diagnose(identity, args.agent, args.probe_seconds))
+    for finding in findings:
+        mark = "ok  " if finding.ok else "FAIL"
+        print(f"{mark} {finding.check:<12} {finding.message}")
+        if finding.advice and not finding.ok:
+            print(f"     {'':<12} -> {finding.advice}")
+    problems = sum(not f.ok for f in findings)
+    print(f"shoal doctor: {problems} problem(s)" if problems else "shoal doctor: healthy")
+    return 1 if problems else 0
+
+
+async def diagnose(identity: NodeIdentity, agent: str | None, probe_seconds: float) -> list[Finding]:
+    """Every finding about this PC: its certificate, its agent, the members it knows, multicast."""
+    loop = asyncio.get_running_loop()
+    cert, ca = identity.certificate(), read_certificate(identity.ca)
+    keeper = await loop.run_in_executor(None, RevocationKeeper.load, identity.cert.parent, ca)
+    revoked = keeper.current is not None and keeper.current.revokes(identity.fingerprint)
+    findings = check_certificate(cert, ca, _key_matches(identity), revoked, dt.datetime.now(dt.UTC))
+    address = agent or _running_address(identity)
+    status, error = None, None
+    if address is not None:
+        try:
+            link = await StatusLink.open(parse_address(address), identity, timeout=PEER_TIMEOUT)
+            try:
+                status = await link.get()
+            finally:
+                await link.close()
+        except (RingError, FleetError) as exc:
+            error = str(exc)
+    findings += check_agent(address, status, error)
+    members: dict[str, Any] | None = status.get("members") if status else None
+    if members is None:
+        return findings
+    peers = [m["address"] for m in members.get("members", []) if m["state"] in ("member", "lost")]
+    reach = await asyncio.gather(*(_reach(peer, identity) for peer in peers))
+    findings += check_members(members, software_version(), dict(zip(peers, reach, strict=True)))
+    mdns = members.get("mdns")
+    probes: list[MulticastProbe] = []
+    if mdns is not None:
+        probes = list(
+            await asyncio.gather(*(probe_multicast(a, identity.fleet_id, probe_seconds) for a in mdns["addresses"]))
+        )
+    findings += check_multicast(probes, mdns is not None, members)
+    return findings
+
+
+async def _reach(address: str, identity: NodeIdentity) -> str | None:
+    try:
+        link = await StatusLink.open(parse_address(address), identity, timeout=PEER_TIMEOUT)
+    except RingError as exc:
+        return str(exc)
+    await link.close()
+    return None
+
+
+def _running_address(identity: NodeIdentity) -> str | None:
+    try:
+        record = json.loads((identity.cert.parent / RUNNING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    listen = record.get("listen") if isinstance(record, dict) else None
+    return listen if isinstance(listen, str) else None
+
+
+def _key_matches(identity: NodeIdentity) -> bool:
+    try:
+        key = serialization.load_pem_private_key(identity.key.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError):
+        return False
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    encoding = serialization.Encoding.DER
+    return key.public_key().public_bytes(encoding, public) == identity.certificate().public_key().public_bytes(
+        encoding, public
+    )

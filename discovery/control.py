@@ -1,0 +1,170 @@
+"""The control channel's messages: what fleet members tell each other over their mutual-TLS links.
+
+A control link is a ring connection whose HELLO names the role ``member``. After the HELLOs, each side sends
+one ``hello`` message, then any of the others, as MEMBERS frames (JSON)::
+
+    hello        {"kind": "hello", "announcement": {TXT properties}, "time": unix seconds, "revocations": version}
+    update       {"kind": "update", "announcement": {...}}           the sender's state changed
+    gossip       {"kind": "gossip", "members": [{"host": ..., "announcement": {...}}, ...]}
+    revocations  {"kind": "revocations", "document": "<the signed revocation list, base64>"}
+    refused      {"kind": "refused", "reason": "..."}                 the link is about to close, and why
+    leave        {"kind": "leave"}                                    the sender stops on purpose
+    ack          {"kind": "ack", "detail": "..."}                     an admin's push was taken
+
+An admin's tool (``shoal fleet revoke --push``) opens a link of the role ``admin`` instead: it sends
+``revocations`` and gets ``ack`` or ``refused``. What it pushes is signed by the fleet CA, so the link
+needs no more trust than any member's.
+
+Gossip is how one seed is enough on a network without multicast: every member tells its links whom it
+knows, and each dials those it has not verified itself. A gossiped peer is a claim like an mDNS one; only
+its own TLS handshake makes it a member.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import RemoteProtocolError
+from agent.wire import Frame, FrameType
+from discovery.announcement import Announcement
+
+MAX_GOSSIP = 1024
+"""Members one gossip message may name (a fleet is an office: this is far above any)."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    announcement: Announcement
+    time: float
+    """The sender's wall clock, Unix seconds: a receiver can tell the skew between their clocks."""
+    revocations: int = 0
+    """Version of the revocation list the sender holds (0: none)."""
+
+
+@dataclass(frozen=True)
+class Update:
+    announcement: Announcement
+
+
+@dataclass(frozen=True)
+class GossipEntry:
+    host: str
+    announcement: Announcement
+
+
+@dataclass(frozen=True)
+class Gossip:
+    members: tuple[GossipEntry, ...]
+
+
+@dataclass(frozen=True)
+class Revocations:
+    document: bytes
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Leave:
+    pass
+
+
+@dataclass(frozen=True)
+class Ack:
+    detail: str
+
+
+ControlMessage = Hello | Update | Gossip | Revocations | Refused | Leave | Ack
+
+
+def to_frame(message: ControlMessage) -> Frame:
+    """The MEMBERS frame that carries ``message``."""
+    body: dict[str, Any]
+    match message:
+        case Hello():
+            body = {
+                "kind": "hello",
+                "announcement": message.announcement.to_properties(),
+                "time": message.time,
+                "revocations": message.revocations,
+            }
+        case Update():
+            body = {"kind": "update", "announcement": message.announcement.to_properties()}
+        case Gossip():
+            members = [{"host": e.host, "announcement": e.announcement.to_properties()} for e in message.members]
+            body = {"kind": "gossip", "members": members}
+        case Revocations():
+            body = {"kind": "revocations", "document": base64.b64encode(message.document).decode()}
+        case Refused():
+            body = {"kind": "refused", "reason": message.reason}
+        case Leave():
+            body = {"kind": "leave"}
+        case Ack():
+            body = {"kind": "ack", "detail": message.detail}
+    return Frame.message(FrameType.MEMBERS, json.dumps(body, separators=(",", ":")).encode())
+
+
+def from_frame(frame: Frame) -> ControlMessage:
+    """The message of a MEMBERS frame; :class:`RemoteProtocolError` for anything malformed."""
+    if frame.type is not FrameType.MEMBERS:
+        raise RemoteProtocolError(f"a control link carries MEMBERS frames, not {frame.type.name}")
+    try:
+        body = json.loads(frame.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RemoteProtocolError("MEMBERS: body is not JSON") from exc
+    if not isinstance(body, dict):
+        raise RemoteProtocolError("MEMBERS: body is not a JSON object")
+    kind = body.get("kind")
+    if kind == "hello":
+        return Hello(_announcement(body), _number(body, "time"), int(_number(body, "revocations")))
+    if kind == "update":
+        return Update(_announcement(body))
+    if kind == "gossip":
+        entries = body.get("members")
+        if not isinstance(entries, list) or len(entries) > MAX_GOSSIP:
+            raise RemoteProtocolError(f"MEMBERS gossip: 'members' must be a list of at most {MAX_GOSSIP}")
+        return Gossip(tuple(GossipEntry(_host(e), _announcement(e)) for e in entries))
+    if kind == "revocations":
+        document = body.get("document")
+        if not isinstance(document, str):
+            raise RemoteProtocolError("MEMBERS revocations: 'document' must be base64 text")
+        try:
+            return Revocations(base64.b64decode(document, validate=True))
+        except binascii.Error as exc:
+            raise RemoteProtocolError("MEMBERS revocations: 'document' is not base64") from exc
+    if kind == "refused":
+        reason = body.get("reason")
+        return Refused(reason[:500] if isinstance(reason, str) else "no reason given")
+    if kind == "leave":
+        return Leave()
+    if kind == "ack":
+        detail = body.get("detail")
+        return Ack(detail[:500] if isinstance(detail, str) else "")
+    raise RemoteProtocolError(f"MEMBERS: unknown kind {kind!r}")
+
+
+def _announcement(body: Any) -> Announcement:
+    if not isinstance(body, dict) or not isinstance(body.get("announcement"), dict):
+        raise RemoteProtocolError("MEMBERS: 'announcement' must be an object")
+    return Announcement.from_properties(body["announcement"])
+
+
+def _number(body: dict[str, Any], key: str) -> float:
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RemoteProtocolError(f"MEMBERS: {key!r} must be a number")
+    return float(value)
+
+
+def _host(entry: Any) -> str:
+    host = entry.get("host") if isinstance(entry, dict) else None
+    if not isinstance(host, str) or not 0 < len(host) <= 255:
+        raise RemoteProtocolError("MEMBERS gossip: each member needs a 'host'")
+    return host

@@ -1,0 +1,608 @@
+"""``MembershipService``: the daemon part that keeps this agent's view of its fleet.
+
+It turns what happens on the network into ``discovery.membership`` events and applies them; the decisions
+(who is a member, lost, gone, foreign, revoked) are that pure function's. What it does itself:
+
+- announces this agent over mDNS (``discovery.mdns``) and takes what it hears there as claims;
+- dials every claimed or seeded peer over mutual TLS (a control link, ``discovery.control``), and keeps one
+  link to each: the handshake and the certificate prove who a peer is; its heartbeats that it lives;
+- accepts the control links that peers dial (through the stage server's listener: one port per agent);
+- gossips the members it knows to every link, so that one seed is enough without multicast;
+- notices a second agent running with this agent's own identity, and stops the later of the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cryptography import x509
+
+from agent.errors import FleetError, PeerUnavailableError, RemoteProtocolError
+from agent.fleet.authority import cert_fingerprint, common_name, node_id_of
+from agent.fleet.revocation import RevocationList
+from agent.transport.connection import FrameConnection, expect
+from agent.transport.heartbeat import Heartbeat as LinkHeartbeat
+from agent.transport.heartbeat import Liveness, pong
+from agent.transport.network import Network
+from agent.transport.tasks import OwnedTasks
+from agent.wire import Frame, FrameType
+from agent.wire.messages import Hello as WireHello
+from discovery import control
+from discovery.announcement import Announcement
+from discovery.membership import (
+    LOST_AFTER,
+    Event,
+    Heartbeat,
+    Left,
+    LinkBroken,
+    Member,
+    Membership,
+    MemberState,
+    Revoked,
+    Seen,
+    Source,
+    Tick,
+    Verified,
+    apply,
+    changes,
+)
+from discovery.revocations import RevocationKeeper
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT = 5.0
+DIAL_TIMEOUT = 3.0
+TICK = 0.25
+"""Seconds between two checks for members unheard for ``lost_after``."""
+RETRY_FIRST, RETRY_MAX, RETRY_SEED = 0.5, 5.0, 1.0
+"""Seconds before dialling an unreachable peer again: doubling from the first to the most (for a seed, to
+``RETRY_SEED``)."""
+
+
+@dataclass(frozen=True)
+class MembershipSettings:
+    """How an agent finds and watches its fleet's members."""
+
+    seeds: tuple[tuple[str, int], ...] = ()
+    """Peers to dial at start (``--peer``): on a network without multicast one is enough (gossip)."""
+    mdns: bool = True
+    lost_after: float = LOST_AFTER
+    liveness: Liveness = field(default_factory=Liveness)
+    """Heartbeats on each control link; a link silent for its timeout is dropped and redialled."""
+
+
+@dataclass
+class _Link:
+    node: str
+    host: str
+    connection: FrameConnection
+    outbound: bool
+    via: Source
+    skew: float = 0.0
+    """Peer's wall clock minus ours at the handshake (seconds)."""
+
+
+class _Refusal(Exception):
+    """A control handshake that ended on purpose: ``itself`` when the peer was this very agent."""
+
+    def __init__(self, reason: str, itself: bool = False) -> None:
+        super().__init__(reason)
+        self.itself = itself
+
+
+class MembershipService:
+    """Keeps :attr:`state` (a ``Membership``) up to date; a ``DaemonPart`` named ``members``."""
+
+    name = "members"
+
+    def __init__(
+        self,
+        me: Announcement,
+        network: Network,
+        settings: MembershipSettings,
+        *,
+        mdns_addresses: list[str] | None = None,
+        on_duplicate: Callable[[str], None] | None = None,
+        revocations: RevocationKeeper | None = None,
+        on_revoked: Callable[[frozenset[str]], None] | None = None,
+        measure_speed: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``mdns_addresses``: the IPv4 addresses to announce (needed with ``settings.mdns``);
+        ``on_duplicate(message)``: called once if this agent must stop for an older one with its identity;
+        ``revocations``: the fleet's revocation list as this agent keeps it; ``on_revoked(fingerprints)``: told
+        every revoked certificate whenever the list grows (the network then refuses them, ring links too);
+        ``measure_speed``: this PC's speed figure, measured off the event loop once running, then announced."""
+        self.state = Membership(me, settings.lost_after)
+        self.settings = settings
+        self._network = network
+        self._clock = clock
+        self._wall = wall
+        self.on_duplicate = on_duplicate
+        self._mdns_addresses = mdns_addresses or []
+        self._mdns: Any = None
+        self._tasks = OwnedTasks()
+        self._out: dict[str, _Link] = {}
+        self._in: dict[str, list[_Link]] = {}
+        self._dialling: set[tuple[str, int]] = set()
+        self._retry: dict[tuple[str, int], tuple[float, float]] = {}
+        """Address -> (earliest next dial, current back-off)."""
+        self._seed_nodes: dict[tuple[str, int], str] = {}
+        self._own_addresses: set[tuple[str, int]] = set()
+        self._claims: dict[tuple[str, int], Source] = {}
+        """Addresses to dial once that announced our own node id (a copy of our identity, or a spoofer)."""
+        self._announced: dict[str, Announcement] = {}
+        """What each linked peer announced on its link (checked against its certificate)."""
+        self._wake = asyncio.Event()
+        self._duplicate_reported = False
+        self._stopping = False
+        self.refused = 0
+        self.revocations = revocations
+        self._on_revoked = on_revoked
+        self._measure_speed = measure_speed
+
+    @property
+    def me(self) -> Announcement:
+        return self.state.me
+
+    @property
+    def roles(self) -> dict[str, Callable[[FrameConnection, WireHello], Awaitable[None]]]:
+        """The agent's port hands this service the connections whose HELLO names the role ``member`` (control
+        links) or ``admin`` (an admin's push)."""
+        return {"member": self.accept, "admin": self.accept_admin}
+
+    # -- life cycle ----------------------------------------------------------------------------
+    async def start(self, ring: tuple[str, int]) -> None:
+        """Announce the agent's port ``ring`` over mDNS (unless turned off), then dial seeds and claims in the
+        background."""
+        self.state = replace(self.state, me=replace(self.me, port=ring[1]))
+        self._own_addresses.add(ring)
+        if self.revocations is not None and self.revocations.current is not None:
+            self._revoked(self.revocations.current)
+        if self.settings.mdns:
+            from discovery.mdns import MdnsDiscovery
+
+            self._mdns = MdnsDiscovery(self.me, self._mdns_addresses, self._seen_over_mdns)
+            await self._mdns.start()
+        self._tasks.spawn(self._dial_loop())
+        self._tasks.spawn(self._tick_loop())
+        if self._measure_speed is not None:
+            self._tasks.spawn(self._announce_speed(self._measure_speed))
+        log.info(
+            "node=%s membership started: fleet %s, seeds %s, mDNS %s",
+            self.me.node,
+            self.me.fleet,
+            ", ".join(f"{h}:{p}" for h, p in self.settings.seeds) or "none",
+            "on" if self._mdns is not None else "off",
+        )
+
+    async def stop(self) -> None:
+        """Say ``leave`` on every link (peers mark this agent gone at once), then close them and mDNS."""
+        self._stopping = True
+        await asyncio.gather(*(self._say_leave(link) for link in self._links()))
+        await self._tasks.cancel_all()
+        if self._mdns is not None:
+            await self._mdns.stop()
+            self._mdns = None
+
+    async def _say_leave(self, link: _Link) -> None:
+        with contextlib.suppress(PeerUnavailableError):
+            await link.connection.send(control.to_frame(control.Leave()))
+        await link.connection.close(goodbye=True)
+
+    async def announce(self, **changes: Any) -> None:
+        """Change what this agent announces (stage states, donor state): every link and mDNS hear it."""
+        self.state = replace(self.state, me=self.me.changed(**changes))
+        frame = control.to_frame(control.Update(self.me))
+        for link in self._links():
+            await self._send(link, frame)
+        if self._mdns is not None:
+            await self._mdns.update(self.me)
+
+    async def _announce_speed(self, measure: Callable[[], float]) -> None:
+        speed = await asyncio.get_running_loop().run_in_executor(None, measure)
+        await self.announce(speed=round(speed, 1))
+
+    def _revoked(self, revocations: RevocationList) -> None:
+        """The fleet's revocation list is ``revocations``: mark its nodes, drop their links and certificates."""
+        nodes = frozenset(r.node_id for r in revocations.revoked)
+        self._feed(Revoked(nodes, self._clock()))
+        if self._on_revoked is not None:
+            self._on_revoked(frozenset(r.fingerprint for r in revocations.revoked))
+        for link in self._links():
+            if link.node in nodes:
+                link.connection.abort()
+
+    async def _offered(self, document: bytes, where: str) -> str:
+        """Take a revocation list a peer or admin sent, if it is validly signed and newer; returns what became
+        of it. :class:`FleetError` (logged, one line naming the peer) if it is not validly signed."""
+        if self.revocations is None:
+            return "this agent keeps no revocation list"
+        try:
+            offered = self.revocations.check(document)
+        except FleetError as exc:
+            log.warning("node=%s refused the revocation list from %s: %s", self.me.node, where, exc)
+            raise
+        if offered is None:
+            return f"not newer than version {self.revocations.version}"
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.revocations.keep, offered, document)
+        names = ", ".join(r.name for r in offered.revoked) or "none"
+        log.info("node=%s revocation list version %d from %s: revoked %s", self.me.node, offered.version, where, names)
+        self._revoked(offered)
+        frame = control.to_frame(control.Revocations(document))
+        for link in self._links():
+            self._tasks.spawn(self._send(link, frame))
+        return f"version {offered.version} taken"
+
+    # -- events --------------------------------------------------------------------------------
+    def _feed(self, event: Event) -> None:
+        before = self.state
+        self.state = apply(event, before)
+        for change in changes(before, self.state):
+            log.info(
+                "node=%s member %s (%s): %s -> %s%s",
+                self.me.node,
+                change.node,
+                change.name,
+                change.before or "new",
+                change.after,
+                f": {change.why}" if change.why else "",
+            )
+            if change.after is MemberState.MEMBER:
+                self._gossip_about(change.node)
+            if change.after in (MemberState.UNVERIFIED, MemberState.LOST):
+                self._wake.set()
+        if self.state.duplicate is not None and before.duplicate is None:
+            self._duplicate_found(self.state.duplicate)
+
+    def _seen_over_mdns(self, announcement: Announcement, host: str) -> None:
+        self._seen(announcement, host, Source.MDNS)
+
+    def _seen(self, announcement: Announcement, host: str, via: Source) -> None:
+        if announcement.node == self.me.node and announcement.instance != self.me.instance:
+            address = (host, announcement.port)
+            if address not in self._own_addresses and address not in self._claims:
+                self._claims[address] = via  # prove it (or not) with a handshake
+                self._wake.set()
+            return
+        self._feed(Seen(announcement, host, via, self._clock()))
+
+    def _duplicate_found(self, other: Announcement) -> None:
+        where = next((f"{link.host}:{other.port}" for link in self._links() if link.node == other.node), "the LAN")
+        if self.state.yields_to_duplicate:
+            message = (
+                f"another agent already runs with this PC's identity (node {other.node}, {other.name}) at {where}: "
+                "this identity folder was copied from another PC. Give this PC its own identity: run `shoal fleet "
+                "token` on the admin's PC, then `shoal join TOKEN@HOST:PORT` here (or `shoal fleet issue`)."
+            )
+            log.error("node=%s %s", self.me.node, message)
+            if self.on_duplicate is not None and not self._duplicate_reported:
+                self._duplicate_reported = True
+                self.on_duplicate(message)
+        else:
+            log.warning(
+                "node=%s refused a second agent with this node's identity at %s (started later): its identity "
+                "folder is a copy of this PC's",
+                self.me.node,
+                where,
+            )
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            self._feed(Tick(self._clock()))
+
+    # -- dialling ------------------------------------------------------------------------------
+    def _targets(self) -> dict[tuple[str, int], Source]:
+        """The addresses to dial now: seeds, claims, and known peers without a link from here."""
+        targets: dict[tuple[str, int], Source] = {}
+        for seed in self.settings.seeds:
+            node = self._seed_nodes.get(seed)
+            if seed not in self._own_addresses and (node is None or node not in self._out):
+                targets[seed] = Source.SEED
+        targets.update(self._claims)
+        for member in self.state.in_state(MemberState.UNVERIFIED, MemberState.MEMBER, MemberState.LOST):
+            if member.node not in self._out:
+                targets.setdefault(member.address, next(iter(sorted(member.found))))
+        return targets
+
+    async def _dial_loop(self) -> None:
+        while True:
+            now = self._clock()
+            for address, via in self._targets().items():
+                if address in self._dialling or self._retry.get(address, (0.0, 0.0))[0] > now:
+                    continue
+                self._dialling.add(address)
+                self._tasks.spawn(self._dial(address, via))
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(RETRY_FIRST):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _dial(self, address: tuple[str, int], via: Source) -> None:
+        connection: FrameConnection | None = None
+        try:
+            connection = await self._network.dial(
+                address, label=f"member {address[0]}:{address[1]}", timeout=DIAL_TIMEOUT
+            )
+            await connection.send(WireHello(node=self.me.name, role="member").to_frame())
+            await expect(connection, FrameType.HELLO, HANDSHAKE_TIMEOUT)
+            await connection.send(control.to_frame(self._hello()))
+            link = await self._handshake(connection, address[0], via, outbound=True)
+        except _Refusal as refusal:
+            self._dialling.discard(address)
+            self._claims.pop(address, None)
+            if refusal.itself:  # a seed or gossip naming this agent's own address
+                self._own_addresses.add(address)
+            else:
+                self._retry[address] = (self._clock() + RETRY_MAX, RETRY_MAX)
+            return
+        except (PeerUnavailableError, RemoteProtocolError) as exc:
+            self._dialling.discard(address)
+            _, backoff = self._retry.get(address, (0.0, RETRY_FIRST / 2))
+            # a seed the user named is likely just starting too: keep asking it often
+            backoff = min(RETRY_SEED if via is Source.SEED else RETRY_MAX, backoff * 2)
+            self._retry[address] = (self._clock() + backoff, backoff)
+            log.debug("node=%s cannot reach member %s:%d: %s", self.me.node, *address, exc)
+            if connection is not None:
+                connection.abort()
+            return
+        self._dialling.discard(address)
+        self._retry.pop(address, None)
+        self._claims.pop(address, None)
+        if self._stopping:
+            await connection.close(goodbye=True)
+            return
+        if via is Source.SEED:
+            self._seed_nodes[address] = link.node
+        if link.node in self._out:  # reached at a second address: one link is enough
+            await connection.close(goodbye=True)
+            return
+        self._out[link.node] = link
+        self._feed(Verified(self._announced[link.node], link.host, via, self._clock()))
+        await self._send(link, control.to_frame(self._gossip()))
+        self._tasks.spawn(self._run_link(link))
+
+    # -- both directions -----------------------------------------------------------------------
+    async def accept(self, connection: FrameConnection, hello: WireHello) -> None:
+        """Serve a control link a peer dialled (the stage server hands over connections whose role is
+        ``member``, after reading their HELLO)."""
+        if self._stopping:  # the agent is leaving: its port still takes connections until the server stops
+            await connection.close(goodbye=True)
+            return
+        try:
+            await connection.send(WireHello(node=self.me.name, role="member").to_frame())
+            await connection.send(control.to_frame(self._hello()))
+            host = connection.peer.rpartition(":")[0]
+            link = await self._handshake(connection, host, Source.INBOUND, outbound=False)
+        except _Refusal:
+            return
+        except (PeerUnavailableError, RemoteProtocolError) as exc:
+            log.warning("node=%s control link from %s failed: %s", self.me.node, connection.peer, exc)
+            connection.abort()
+            return
+        self._in.setdefault(link.node, []).append(link)
+        self._feed(Verified(self._announced[link.node], link.host, Source.INBOUND, self._clock()))
+        await self._send(link, control.to_frame(self._gossip()))
+        await self._run_link(link)
+
+    async def accept_admin(self, connection: FrameConnection, hello: WireHello) -> None:
+        """Serve an admin's push (a signed revocation list) until it says goodbye."""
+        try:
+            await connection.send(WireHello(node=self.me.name, role="admin").to_frame())
+            while True:
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                    frame = await connection.receive()
+                if frame.type is FrameType.GOODBYE:
+                    return
+                message = control.from_frame(frame)
+                if not isinstance(message, control.Revocations):
+                    raise RemoteProtocolError(f"an admin link carries revocations, not {type(message).__name__}")
+                try:
+                    reply: control.ControlMessage = control.Ack(await self._offered(message.document, connection.label))
+                except FleetError as exc:
+                    reply = control.Refused(str(exc))
+                await connection.send(control.to_frame(reply))
+        except (PeerUnavailableError, RemoteProtocolError, TimeoutError) as exc:
+            log.warning(
+                "node=%s admin link %s ended: %s", self.me.node, connection.label, str(exc) or type(exc).__name__
+            )
+        finally:
+            if not connection.closed:
+                await connection.close(goodbye=True)
+
+    async def _handshake(self, connection: FrameConnection, host: str, via: Source, outbound: bool) -> _Link:
+        """Read the peer's control hello and check it against its certificate; :class:`_Refusal` if refused."""
+        message = control.from_frame(await expect(connection, FrameType.MEMBERS, HANDSHAKE_TIMEOUT))
+        if not isinstance(message, control.Hello):
+            raise RemoteProtocolError(f"{connection.label} sent {type(message).__name__} before its hello")
+        peer = message.announcement
+        refusal = self._refusal(connection, peer)
+        if refusal is None:
+            self._announced[peer.node] = peer
+            if (
+                self.revocations is not None
+                and self.revocations.document
+                and message.revocations < self.revocations.version
+            ):
+                await self._send_quietly(connection, control.to_frame(control.Revocations(self.revocations.document)))
+            return _Link(peer.node, host, connection, outbound, via, skew=message.time - self._wall())
+        itself = refusal == "self"
+        if not itself:
+            self.refused += 1
+            log.warning("node=%s refused member link with %s: %s", self.me.node, connection.label, refusal)
+            await self._send_quietly(connection, control.to_frame(control.Refused(refusal)))
+        await connection.close(goodbye=True)
+        if peer.node == self.me.node and not itself:
+            self._feed(Verified(peer, host, via, self._clock()))  # records the duplicate
+        raise _Refusal(refusal, itself)
+
+    def _refusal(self, connection: FrameConnection, peer: Announcement) -> str | None:
+        der = connection.peer_certificate
+        if der is None:
+            return "no fleet certificate on the link"
+        cert = x509.load_der_x509_certificate(der)
+        node, fingerprint = node_id_of(cert), cert_fingerprint(cert)
+        if peer.node != node or peer.fingerprint != fingerprint:
+            return f"announces node {peer.node}, but its certificate ({common_name(cert)}) is node {node}"
+        if peer.node == self.me.node:
+            if peer.instance == self.me.instance:
+                return "self"
+            return (
+                f"node {peer.node} is this agent's own identity: two agents run with one identity folder "
+                "(a copy); the later one must stop and enroll with `shoal join`"
+            )
+        if peer.node in self.state.revoked:
+            return f"node {peer.node} ({peer.name}) is revoked"
+        return None
+
+    async def _run_link(self, link: _Link) -> None:
+        """Read one link until it ends; heartbeats from the dialling side."""
+        connection = link.connection
+        beat = LinkHeartbeat(connection, self.settings.liveness, self.me.node) if link.outbound else None
+        pinger = self._tasks.spawn(beat.run()) if beat is not None else None
+        reason = ""
+        timeout = None if link.outbound else self.settings.liveness.timeout
+        try:
+            while True:
+                async with asyncio.timeout(timeout):
+                    frame = await connection.receive()
+                if frame.type is FrameType.GOODBYE:
+                    return
+                if beat is not None:
+                    beat.heard(frame)
+                self._feed(Heartbeat(link.node, self._clock()))
+                if frame.type is FrameType.PING:
+                    await connection.send(pong(frame))
+                elif frame.type is FrameType.MEMBERS:
+                    await self._on_message(link, control.from_frame(frame))
+        except TimeoutError:
+            reason = f"{connection.label} sent nothing for {timeout} s, not even a heartbeat"
+        except PeerUnavailableError as exc:
+            reason = (beat.lost if beat is not None and beat.lost else None) or str(exc)
+        except RemoteProtocolError as exc:
+            reason = f"protocol error: {exc}"
+            log.warning("node=%s dropped member link %s: %s", self.me.node, connection.label, exc)
+        finally:
+            if pinger is not None:
+                pinger.cancel()
+            self._forget(link)
+            if not connection.closed:
+                await connection.close(goodbye=False)
+        # the last link to a peer broke without a goodbye: a crash or a cut (its other link, if any, decides)
+        if reason and not self._stopping and not self._linked(link.node):
+            self._feed(LinkBroken(link.node, self._clock(), f"link broke without a goodbye: {reason}"))
+            self._wake.set()
+
+    def _linked(self, node: str) -> bool:
+        return node in self._out or bool(self._in.get(node))
+
+    def _forget(self, link: _Link) -> None:
+        if link.outbound:
+            if self._out.get(link.node) is link:
+                del self._out[link.node]
+        else:
+            group = self._in.get(link.node, [])
+            if link in group:
+                group.remove(link)
+
+    async def _on_message(self, link: _Link, message: control.ControlMessage) -> None:
+        now = self._clock()
+        match message:
+            case control.Update(announcement=peer):
+                if peer.node != link.node:
+                    raise RemoteProtocolError(f"an update about node {peer.node} on the link of {link.node}")
+                self._announced[peer.node] = peer
+                self._feed(Verified(peer, link.host, link.via, now))
+            case control.Gossip(members=entries):
+                for entry in entries:
+                    self._seen(entry.announcement, entry.host, Source.GOSSIP)
+            case control.Leave():
+                self._feed(Left(link.node, now))
+            case control.Refused(reason=reason):
+                log.warning("node=%s member %s refused this agent: %s", self.me.node, link.node, reason)
+            case control.Revocations(document=document):
+                with contextlib.suppress(FleetError):  # logged; a bad list from a member does not cut its link
+                    await self._offered(document, f"member {link.node} ({link.connection.label})")
+            case control.Ack():
+                pass
+            case control.Hello():
+                raise RemoteProtocolError("a second hello on one link")
+
+    # -- messages ------------------------------------------------------------------------------
+    def _hello(self) -> control.Hello:
+        return control.Hello(self.me, self._wall(), self.revocations.version if self.revocations else 0)
+
+    def _gossip(self) -> control.Gossip:
+        members = self.state.in_state(MemberState.MEMBER)
+        return control.Gossip(tuple(control.GossipEntry(m.host, m.announcement) for m in members))
+
+    def _gossip_about(self, node: str) -> None:
+        member = self.state.get(node)
+        if member is None:
+            return
+        frame = control.to_frame(control.Gossip((control.GossipEntry(member.host, member.announcement),)))
+        for link in self._links():
+            if link.node != node:
+                self._tasks.spawn(self._send(link, frame))
+
+    def _links(self) -> list[_Link]:
+        return list(self._out.values()) + [link for group in self._in.values() for link in group]
+
+    async def _send(self, link: _Link, frame: Frame) -> None:
+        await self._send_quietly(link.connection, frame)
+
+    @staticmethod
+    async def _send_quietly(connection: FrameConnection, frame: Frame) -> None:
+        with contextlib.suppress(PeerUnavailableError):  # the link's reader notices and reports it
+            await connection.send(frame)
+
+    # -- status --------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """The ``members`` section of the agent's status."""
+        now = self._clock()
+        skews = {link.node: link.skew for link in self._links()}
+        return {
+            "node": self.me.node,
+            "name": self.me.name,
+            "fleet": self.me.fleet,
+            "lost_after": self.state.lost_after,
+            "seeds": [f"{h}:{p}" for h, p in self.settings.seeds],
+            "mdns": self._mdns.status() if self._mdns is not None else None,
+            "refused": self.refused,
+            "members": [_member_status(m, now, skews.get(m.node)) for m in self.state.members.values()],
+        }
+
+
+def _member_status(member: Member, now: float, skew: float | None) -> dict[str, Any]:
+    a = member.announcement
+    return {
+        "node": member.node,
+        "name": a.name,
+        "state": str(member.state),
+        "address": f"{member.host}:{a.port}",
+        "last_heard": None if member.last_heard is None else round(now - member.last_heard, 2),
+        "found": sorted(str(s) for s in member.found),
+        "why": member.why,
+        "clock_skew": None if skew is None else round(skew, 3),
+        "announces": {
+            "version": a.version,
+            "protocol": a.protocol,
+            "fleet": a.fleet,
+            "devices": list(a.devices),
+            "memory_mb": a.memory_mb,
+            "speed": a.speed,
+            "stages": [f"{s.index}:{s.state}" for s in a.stages],
+            "donor": a.donor,
+        },
+    }

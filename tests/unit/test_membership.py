@@ -1,0 +1,244 @@
+"""Fleet membership as a pure function (``discovery.membership.apply``), tested with plain values."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.errors import RemoteProtocolError
+from discovery.announcement import MAX_ENTRY, Announcement, HeldStage
+from discovery.membership import (
+    Event,
+    Heartbeat,
+    Left,
+    LinkBroken,
+    Membership,
+    MemberState,
+    Revoked,
+    Seen,
+    Source,
+    Tick,
+    Verified,
+    apply,
+    changes,
+)
+
+FLEET = "f" * 16
+
+
+def announce(n: int, **changes: object) -> Announcement:
+    base = Announcement(
+        node=f"{n:012x}",
+        name=f"pc{n}",
+        fleet=FLEET,
+        fingerprint="sha256:" + f"{n:064x}",
+        version="0.1.0",
+        protocol=4,
+        port=7100,
+        instance=f"{n:08x}",
+        started=1000 + n,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+ME = announce(0)
+
+
+def run(*events: Event, lost_after: float = 10.0) -> Membership:
+    state = Membership(ME, lost_after)
+    for event in events:
+        state = apply(event, state)
+    return state
+
+
+def state_of(state: Membership, n: int) -> MemberState | None:
+    member = state.get(f"{n:012x}")
+    return None if member is None else member.state
+
+
+def test_a_claim_is_unverified_until_its_handshake_and_then_a_member() -> None:
+    state = run(Seen(announce(1), "10.0.0.1", Source.MDNS, 0.0))
+    assert state_of(state, 1) is MemberState.UNVERIFIED
+    state = apply(Verified(announce(1), "10.0.0.1", Source.MDNS, 1.0), state)
+    member = state.get(announce(1).node)
+    assert member is not None and member.state is MemberState.MEMBER and member.last_heard == 1.0
+    assert member.found == {Source.MDNS}
+
+
+def test_heartbeats_of_an_unverified_peer_prove_nothing() -> None:
+    state = run(Seen(announce(1), "h", Source.GOSSIP, 0.0), Heartbeat(announce(1).node, 1.0))
+    assert state_of(state, 1) is MemberState.UNVERIFIED
+
+
+def test_a_member_unheard_for_lost_after_is_lost_and_comes_back_when_heard() -> None:
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0), Heartbeat(announce(1).node, 5.0), Tick(14.9))
+    assert state_of(state, 1) is MemberState.MEMBER
+    state = apply(Tick(15.1), state)
+    assert state_of(state, 1) is MemberState.LOST
+    assert "unheard for 10.1 s" in state.members[announce(1).node].why
+    state = apply(Heartbeat(announce(1).node, 16.0), state)
+    assert state_of(state, 1) is MemberState.MEMBER
+
+
+def test_the_lost_after_setting_decides() -> None:
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0), Tick(3.5), lost_after=3.0)
+    assert state_of(state, 1) is MemberState.LOST
+
+
+def test_a_broken_link_loses_a_member_at_once_and_a_goodbye_makes_it_gone() -> None:
+    node = announce(1).node
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0), LinkBroken(node, 1.0, "reset"))
+    assert state_of(state, 1) is MemberState.LOST
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0), Left(node, 1.0))
+    assert state_of(state, 1) is MemberState.GONE
+    assert apply(Tick(100.0), state) is state  # gone is not lost later
+
+
+def test_a_peer_that_said_goodbye_and_is_announced_by_a_new_process_is_checked_again() -> None:
+    node = announce(1).node
+    state = run(Verified(announce(1), "h", Source.MDNS, 0.0), Left(node, 1.0))
+    state = apply(Seen(announce(1), "h", Source.MDNS, 2.0), state)
+    assert state_of(state, 1) is MemberState.GONE  # the same process's old record
+    state = apply(Seen(announce(1, instance="abcdef01"), "h", Source.MDNS, 3.0), state)
+    assert state_of(state, 1) is MemberState.UNVERIFIED
+
+
+@pytest.mark.parametrize(
+    ("peer", "why"),
+    [
+        (announce(1, fleet="a" * 16), "of fleet aaaaaaaaaaaaaaaa"),
+        (announce(1, protocol=3), "speaks protocol 3"),
+        (announce(1, schema=2), "schema 2"),
+    ],
+)
+def test_a_peer_of_another_fleet_or_protocol_is_foreign_and_stays_so(peer: Announcement, why: str) -> None:
+    state = run(Seen(peer, "h", Source.MDNS, 0.0))
+    member = state.get(peer.node)
+    assert member is not None and member.state is MemberState.FOREIGN and why in member.why
+    assert state_of(apply(Heartbeat(peer.node, 1.0), state), 1) is MemberState.FOREIGN
+
+
+def test_revocation_is_for_good() -> None:
+    node = announce(1).node
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0), Revoked(frozenset({node}), 1.0))
+    assert state_of(state, 1) is MemberState.REVOKED
+    for event in (Heartbeat(node, 2.0), Verified(announce(1), "h", Source.SEED, 3.0), Tick(50.0)):
+        state = apply(event, state)
+        assert state_of(state, 1) is MemberState.REVOKED
+    # one revoked before it was ever seen is revoked on arrival
+    state = run(Revoked(frozenset({announce(2).node}), 0.0), Verified(announce(2), "h", Source.MDNS, 1.0))
+    assert state_of(state, 2) is MemberState.REVOKED
+
+
+def test_our_own_announcement_is_not_a_member_and_a_copy_of_our_identity_is_a_duplicate() -> None:
+    assert run(Verified(ME, "h", Source.SEED, 0.0)).members == {}
+    assert run(Seen(replace(ME, instance="12345678"), "h", Source.MDNS, 0.0)).duplicate is None  # a claim only
+    older = replace(ME, instance="12345678", started=ME.started - 60)
+    state = run(Verified(older, "h", Source.SEED, 0.0))
+    assert state.duplicate == older and state.yields_to_duplicate
+    younger = replace(ME, instance="12345678", started=ME.started + 60)
+    state = run(Verified(younger, "h", Source.INBOUND, 0.0))
+    assert state.duplicate == younger and not state.yields_to_duplicate
+
+
+def test_a_newer_announcement_replaces_an_older_one_but_not_the_reverse() -> None:
+    newer = announce(1).changed(donor="idle")
+    state = run(Verified(newer, "h", Source.SEED, 0.0), Seen(announce(1), "h", Source.MDNS, 1.0))
+    assert state.members[newer.node].announcement.donor == "idle"
+
+
+def test_changes_name_every_move_once() -> None:
+    node = announce(1).node
+    a = run(Seen(announce(1), "h", Source.MDNS, 0.0))
+    b = apply(Verified(announce(1), "h", Source.MDNS, 1.0), a)
+    assert [(c.before, c.after) for c in changes(a, b)] == [(MemberState.UNVERIFIED, MemberState.MEMBER)]
+    assert changes(b, apply(Heartbeat(node, 2.0), b)) == []
+
+
+def test_apply_is_pure() -> None:
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0))
+    frozen = dict(state.members)
+    apply(LinkBroken(announce(1).node, 1.0, "x"), state)
+    assert dict(state.members) == frozen
+    with pytest.raises(TypeError):
+        state.members["x"] = state.members[announce(1).node]  # type: ignore[index]
+
+
+events = st.one_of(
+    st.builds(lambda n, t: Verified(announce(n), "h", Source.SEED, t), st.integers(1, 5), st.floats(0, 100)),
+    st.builds(lambda n, t: Seen(announce(n), "h", Source.MDNS, t), st.integers(1, 5), st.floats(0, 100)),
+    st.builds(lambda n, t: Heartbeat(announce(n).node, t), st.integers(1, 5), st.floats(0, 100)),
+    st.builds(lambda n, t: LinkBroken(announce(n).node, t, "x"), st.integers(1, 5), st.floats(0, 100)),
+    st.builds(lambda n, t: Left(announce(n).node, t), st.integers(1, 5), st.floats(0, 100)),
+    st.builds(Tick, st.floats(0, 100)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(events, max_size=30))
+def test_only_a_handshake_or_a_link_makes_a_member_and_nothing_undoes_a_revocation(history: list[Event]) -> None:
+    state = run(Revoked(frozenset({announce(5).node}), 0.0))
+    for event in history:
+        before = state
+        state = apply(event, state)
+        for change in changes(before, state):
+            if change.after is MemberState.MEMBER:
+                assert isinstance(event, Verified | Heartbeat)
+        assert state_of(state, 5) in (None, MemberState.REVOKED)
+
+
+def test_a_thousand_members_and_ten_thousand_events_stay_well_under_a_millisecond_each() -> None:
+    state = Membership(ME)
+    for n in range(1, 1001):
+        state = apply(Verified(announce(n), "h", Source.MDNS, 0.0), state)
+    history: list[Event] = [Heartbeat(announce(1 + i % 1000).node, i / 1000) for i in range(9000)]
+    history += [Tick(i / 100) for i in range(1000)]
+    start = time.perf_counter()
+    for event in history:
+        state = apply(event, state)
+    per_event = (time.perf_counter() - start) / len(history)
+    print(f"membership: {per_event * 1e6:.1f} us per event over 1,000 members")
+    assert per_event < 1e-3
+
+
+def test_an_announcement_round_trips_through_txt_and_each_entry_fits() -> None:
+    rich = announce(3, devices=("CPU", "GPU.0"), memory_mb=12000, speed=55.5, donor="idle").changed(
+        stages=(HeldStage(0, "ready"), HeldStage(1, "downloading"))
+    )
+    properties = rich.to_properties()
+    assert all(len(k) + 1 + len(v.encode()) <= MAX_ENTRY for k, v in properties.items())
+    wire = {k.encode(): v.encode() for k, v in properties.items()}
+    assert Announcement.from_properties(wire) == rich
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"id": b"not-hex"},
+        {"port": b"99999"},
+        {"fp": b"md5:00"},
+        {"st": b"0:exploded"},
+        {"n": b"\xff\xfe"},
+        {"t": b"yesterday"},
+        {"s": b""},
+    ],
+)
+def test_a_malformed_announcement_is_one_protocol_error(damage: dict[str, bytes]) -> None:
+    wire: dict[bytes, bytes | None] = {k.encode(): v.encode() for k, v in announce(1).to_properties().items()}
+    wire.update({k.encode(): v for k, v in damage.items()})
+    with pytest.raises(RemoteProtocolError):
+        Announcement.from_properties(wire)
+
+
+def test_a_link_the_same_process_opens_after_its_goodbye_proves_nothing() -> None:
+    node = announce(1).node
+    state = run(
+        Verified(announce(1), "h", Source.SEED, 0.0), Left(node, 1.0), Verified(announce(1), "h", Source.INBOUND, 1.1)
+    )
+    assert state_of(state, 1) is MemberState.GONE
+    restarted = apply(Verified(announce(1, instance="abcdef01"), "h", Source.INBOUND, 5.0), state)
+    assert state_of(restarted, 1) is MemberState.MEMBER
