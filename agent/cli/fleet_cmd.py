@@ -14,7 +14,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+from agent.cli.common import identity_dir
 from agent.errors import FleetError
 from agent.fleet.authority import (
     FleetPaths,
@@ -33,6 +35,8 @@ from agent.fleet.enrollment import (
     parse_host_port,
 )
 from agent.fleet.revocation import fleet_revocations, revoke_node
+from agent.node.config import parse_address
+from discovery.admin import push_revocations
 
 _DURATION_RE = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -72,7 +76,11 @@ def run_fleet(args: argparse.Namespace, data_dir: Path) -> int:
     if command == "serve-enrollment":
         return _serve_enrollment(args, fleet_dir)
     if command == "list":
-        _print_table(node_rows(fleet_dir))
+        members: list[Mapping[str, object]] = []
+        if args.agent is not None:
+            status = _agent_status(args.agent, NodeIdentity.load(identity_dir(args.identity, data_dir)))
+            members = list(status.get("members", {}).get("members", []))
+        _print_table(node_rows(fleet_dir), members)
         return 0
     if command == "revoke":
         result = revoke_node(fleet_dir, args.node)
@@ -81,8 +89,20 @@ def run_fleet(args: argparse.Namespace, data_dir: Path) -> int:
                 print(f"revoked {node.name} (node id {node.node_id}, certificate {node.fingerprint[:23]}...)")
         where = FleetPaths(fleet_dir).revocations
         print(f"revocation list version {result.version} ({len(result.revoked)} revoked in all): {where}")
+        if args.push:
+            identity = NodeIdentity.load(identity_dir(args.identity, data_dir))
+            document = where.read_bytes()
+            for address in args.push:
+                detail = asyncio.run(push_revocations(parse_address(address), identity, document))
+                print(f"pushed to {address}: {detail}")
         return 0
     return 2
+
+
+def _agent_status(address: str, identity: NodeIdentity) -> dict[str, Any]:
+    from agent.cli.status_cmd import fetch_status
+
+    return dict(asyncio.run(fetch_status(parse_address(address), identity)))
 
 
 def _token(args: argparse.Namespace, fleet_dir: Path) -> int:

@@ -273,9 +273,21 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--listen", default="0.0.0.0:7300", metavar="HOST:PORT", help="address (default 0.0.0.0:7300)")
     f = fleet.add_parser("list", help="the enrolled nodes, and which are revoked")
     f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument(
+        "--agent", default=None, metavar="HOST:PORT", help="add each node's state and last heard, as this agent sees it"
+    )
+    f.add_argument("--identity", type=Path, default=None, help="this PC's identity folder (to reach --agent)")
     f = fleet.add_parser("revoke", help="revoke a node's certificates (writes the signed revocation list)")
     f.add_argument("node", help="node name or node id")
     f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument(
+        "--push",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="hand the new list to this running agent (repeatable); it gossips it to every member",
+    )
+    f.add_argument("--identity", type=Path, default=None, help="this PC's identity folder (to reach --push)")
 
     p = sub.add_parser("join", help="enroll this PC in a fleet with a join token (from `shoal fleet token`)")
     p.add_argument("address", metavar="TOKEN@HOST:PORT", help="the token and the enrollment server's address")

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.fleet import NodeIdentity, init_fleet, issue_node
+from agent.fleet.enrollment import JoinToken, create_token
 from agent.node.launcher import LocalAgent, launch_agent
 from tests.integration.netlab import NetLab
 
@@ -126,22 +127,19 @@ class Agents:
             time.sleep(0.05)
         return time.monotonic() - start
 
+    def shoal(self, host: int, *args: str | Path) -> subprocess.CompletedProcess[str]:
+        """``shoal ARGS`` run inside ``host``."""
+        command = self.lab.command(host, [sys.executable, "-m", "agent.cli.main", *map(str, args)])
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
     def status(self, host: int) -> dict[str, object]:
         identity = self.identities[f"pc{host}"].cert.parent
-        command = [sys.executable, "-m", "agent.cli.main", "status", f"{self.lab.ip(host)}:{PORT}"]
-        done = subprocess.run(
-            self.lab.command(host, [*command, "--identity", str(identity)]),
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = self.shoal(host, "status", f"{self.lab.ip(host)}:{PORT}", "--identity", identity)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)  # type: ignore[no-any-return]
 
     def doctor(self, host: int, identity: str) -> subprocess.CompletedProcess[str]:
-        folder = str(self.identities[identity].cert.parent)
-        command = [sys.executable, "-m", "agent.cli.main", "doctor", "--identity", folder, "--probe-seconds", "2"]
-        return subprocess.run(self.lab.command(host, command), capture_output=True, text=True, timeout=60)
+        return self.shoal(host, "doctor", "--identity", self.identities[identity].cert.parent, "--probe-seconds", "2")
 
     def stop_all(self) -> None:
         for agent in self.running.values():
@@ -280,3 +278,57 @@ def test_doctor_finds_a_healthy_host_healthy_and_says_what_is_wrong_elsewhere(ag
     assert "the node certificate expired on" in expired.stdout
     assert "shoal fleet issue" in expired.stdout
     assert "no agent runs with this identity" in expired.stdout
+
+
+def test_a_fresh_host_joins_with_a_token_bad_tokens_are_refused_and_a_revoked_node_is_shut_out(
+    agents: Agents, tmp_path: Path
+) -> None:
+    lab, fleet = agents.lab, agents.identities["pc1"].cert.parents[2]
+    enrollment = f"{lab.ip(1)}:7300"
+    serve = [sys.executable, "-m", "agent.cli.main", "fleet", "serve-enrollment", "--dir", str(fleet)]
+    server = subprocess.Popen(
+        lab.command(1, [*serve, "--listen", enrollment]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None and "ready" in server.stdout.readline()
+        agents.start(1)
+        agents.start(2)
+
+        def join(token: JoinToken, name: str) -> subprocess.CompletedProcess[str]:
+            return agents.shoal(5, "join", f"{token}@{enrollment}", "--name", name, "--out", tmp_path / name)
+
+        token = create_token(fleet)
+        began = time.monotonic()
+        joined = join(token, "fresh")
+        print(f"lab: shoal join (a process, token to certificate stored) {time.monotonic() - began:.2f} s")
+        assert joined.returncode == 0, joined.stderr
+        assert (tmp_path / "fresh" / "key.pem").stat().st_mode & 0o077 == 0
+        again = join(token, "fresh2")
+        assert again.returncode == 1 and "used" in again.stderr, again.stderr
+        short = create_token(fleet, ttl=dt.timedelta(seconds=1))
+        time.sleep(1.5)
+        expired = join(short, "late")
+        assert expired.returncode == 1 and "expired" in expired.stderr, expired.stderr
+        good = create_token(fleet)
+        forged = join(JoinToken(good.token_id, "0" * 32, good.ca_hash), "forger")
+        assert forged.returncode == 1 and "refused" in forged.stderr, forged.stderr
+        wrong = join(JoinToken(good.token_id, good.secret, "ab" * 32), "misled")
+        assert wrong.returncode == 1 and "CA fingerprint mismatch" in wrong.stderr, wrong.stderr
+
+        agents.identities["fresh"] = NodeIdentity.load(tmp_path / "fresh")
+        fresh = agents.start(5, identity="fresh")
+        agents.until(lambda: all(agents.states(h).get("fresh") == "member" for h in (1, 2)), 15, "fresh a member")
+
+        admin = agents.identities["pc1"].cert.parent
+        push: list[str | Path] = ["--push", f"{lab.ip(1)}:{PORT}", "--identity", admin]
+        revoke = agents.shoal(1, "fleet", "revoke", "fresh", "--dir", fleet, *push)
+        assert revoke.returncode == 0 and "taken" in revoke.stdout, revoke.stdout + revoke.stderr
+        agents.until(lambda: all(agents.states(h).get("fresh") == "revoked" for h in (1, 2)), 10, "fresh revoked")
+        refused = "its certificate is on the fleet's revocation list"
+        agents.until(lambda: refused in agents.running[2].log_text(), 15, "pc2 refuses fresh's next handshake")
+        assert fresh.process.poll() is None  # it runs on, alone: nobody admits it
+        status = agents.shoal(5, "status", f"{lab.ip(2)}:{PORT}", "--identity", tmp_path / "fresh")
+        assert status.returncode == 1, status.stdout
+    finally:
+        server.terminate()
+        server.wait(10)
