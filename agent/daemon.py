@@ -253,7 +253,8 @@ def _membership(
         speed=facts.speed,
         stages=tuple(HeldStage(i, "ready") for i in config.stages),
     )
-    addresses = (local_ipv4_addresses() if host in ("0.0.0.0", "") else [host]) if mdns else []
+    every = host in ("0.0.0.0", "")
+    addresses = (local_ipv4_addresses() if every else [host]) if mdns else []
     settings = MembershipSettings(config.peers, mdns, config.lost_after, config.liveness)
     revocations = RevocationKeeper.load(config.identity_dir, read_certificate(identity.ca))
     return MembershipService(
@@ -261,6 +262,7 @@ def _membership(
         network,
         settings,
         mdns_addresses=addresses,
+        find_addresses=local_ipv4_addresses if every else None,
         revocations=revocations,
         on_revoked=network.refuse,
         measure_speed=matmul_gflops,

@@ -59,10 +59,13 @@ class MdnsDiscovery:
         *,
         reannounce: float = REANNOUNCE,
         rescan: float = RESCAN,
+        find_addresses: Callable[[], list[str]] | None = None,
     ) -> None:
-        """``addresses``: the IPv4 addresses to announce (those the agent listens on)."""
+        """``addresses``: the IPv4 addresses to announce (those the agent listens on); ``find_addresses``: for an
+        agent listening on every interface, how to find them again when the PC's addresses change."""
         self._announcement = announcement
         self._addresses = addresses
+        self._find_addresses = find_addresses
         self._on_seen = on_seen
         self._reannounce = reannounce
         self._rescan = rescan
@@ -141,6 +144,12 @@ class MdnsDiscovery:
                 if since_rescan >= self._rescan and self._zeroconf is not None:
                     since_rescan = 0.0
                     await self._zeroconf.zeroconf.async_update_interfaces()
+                    if self._find_addresses is not None:
+                        found = await asyncio.get_running_loop().run_in_executor(None, self._find_addresses)
+                        if found and found != self._addresses:
+                            log.info("node=%s now announcing on %s", self._announcement.node, ", ".join(found))
+                            self._addresses = found
+                            await self._announce()
             except Exception as exc:  # an interface went away mid-send: the next round tries again
                 log.warning("node=%s mDNS announcement failed: %s", self._announcement.node, exc or type(exc).__name__)
 

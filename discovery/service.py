@@ -108,6 +108,7 @@ class MembershipService:
         settings: MembershipSettings,
         *,
         mdns_addresses: list[str] | None = None,
+        find_addresses: Callable[[], list[str]] | None = None,
         on_duplicate: Callable[[str], None] | None = None,
         revocations: RevocationKeeper | None = None,
         on_revoked: Callable[[frozenset[str]], None] | None = None,
@@ -127,6 +128,7 @@ class MembershipService:
         self._wall = wall
         self.on_duplicate = on_duplicate
         self._mdns_addresses = mdns_addresses or []
+        self._find_addresses = find_addresses
         self._mdns: Any = None
         self._tasks = OwnedTasks()
         self._out: dict[str, _Link] = {}
@@ -169,7 +171,9 @@ class MembershipService:
         if self.settings.mdns:
             from discovery.mdns import MdnsDiscovery
 
-            self._mdns = MdnsDiscovery(self.me, self._mdns_addresses, self._seen_over_mdns)
+            self._mdns = MdnsDiscovery(
+                self.me, self._mdns_addresses, self._seen_over_mdns, find_addresses=self._find_addresses
+            )
             await self._mdns.start()
         self._tasks.spawn(self._dial_loop())
         self._tasks.spawn(self._tick_loop())
