@@ -13,8 +13,6 @@ it is handed (by a peer, by gossip) and keep the one with the highest ``version`
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import json
 from dataclasses import dataclass
@@ -22,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import FleetError
@@ -41,8 +37,7 @@ from agent.fleet.authority import (
     utc_iso,
     write_atomic,
 )
-
-SCHEMA = 1
+from agent.fleet.signed import sign_document, verify_document
 
 
 @dataclass(frozen=True)
@@ -106,10 +101,7 @@ class RevocationList:
 
     def sign(self, ca_key: ec.EllipticCurvePrivateKey) -> bytes:
         """The signed document (``revocations.json``'s content)."""
-        body = self.body()
-        signature = ca_key.sign(body, ec.ECDSA(hashes.SHA256()))
-        doc = {"schema": SCHEMA, "body": body.decode(), "signature": base64.b64encode(signature).decode()}
-        return (json.dumps(doc, indent=1) + "\n").encode()
+        return sign_document(self.body(), ca_key)
 
     @classmethod
     def verify(cls, data: bytes, ca_cert: x509.Certificate) -> RevocationList:
@@ -118,33 +110,7 @@ class RevocationList:
         :class:`FleetError` if the document is malformed or of another schema, its signature is missing or
         not the CA's, or it is the list of another fleet.
         """
-        try:
-            doc = json.loads(data)
-        except ValueError as exc:
-            raise FleetError(f"the revocation list is not JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise FleetError("the revocation list is not a JSON object")
-        if doc.get("schema") != SCHEMA:
-            raise FleetError(
-                f"the revocation list has schema {doc.get('schema')!r}; this shoal reads schema {SCHEMA} "
-                "(update shoal on this PC)"
-            )
-        body, signature = doc.get("body"), doc.get("signature")
-        if not isinstance(body, str) or not isinstance(signature, str) or not signature:
-            raise FleetError("the revocation list has no body or no signature")
-        try:
-            raw_signature = base64.b64decode(signature, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise FleetError("the revocation list's signature is not base64") from exc
-        public_key = ca_cert.public_key()
-        if not isinstance(public_key, ec.EllipticCurvePublicKey):
-            raise FleetError("the fleet CA key is not an EC key")
-        try:
-            public_key.verify(raw_signature, body.encode(), ec.ECDSA(hashes.SHA256()))
-        except InvalidSignature as exc:
-            raise FleetError(
-                "the revocation list's signature is not the fleet CA's (tampered with, or of another fleet)"
-            ) from exc
+        body = verify_document(data, ca_cert, "the revocation list").decode()
         result = cls._from_body(body)
         if result.fleet_id != fleet_id_of(ca_cert):
             raise FleetError(
