@@ -105,12 +105,24 @@ def chat_ids(exported: Callable[..., Path]) -> list[list[int]]:
 def hf_reference(smollm2_gguf: Path, chat_ids: list[list[int]]) -> list[tuple[list[int], np.ndarray]]:
     """Greedy tokens (REFERENCE_TOKENS, stop tokens ignored) and per-step logits of transformers in fp32 torch,
     for the first REFERENCE_PROMPTS prompts."""
+    import functools
+
+    import gguf
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
-    ).eval()
+    from shards.checkpoint.gguf_reader import PlainViewGGUFReader
+
+    # transformers parses the GGUF twice (config, then weights) with gguf-py's reader, and builds gguf-py's
+    # tensor-name map once per module: 22 s on a 2-core machine. The plain-view reader reads the same fields
+    # and tensors (tests/integration/test_gguf_reader.py) and one map serves every module (a pure function of
+    # the architecture and the layer count): 6 s, the same weights and config.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", PlainViewGGUFReader)
+        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
+        model = AutoModelForCausalLM.from_pretrained(
+            str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
+        ).eval()
     results = []
     with torch.no_grad():
         for ids in chat_ids[:REFERENCE_PROMPTS]:

@@ -9,6 +9,7 @@ from agent.head.drafters import Drafter
 from agent.head.targets import LocalTarget
 from agent.runtime.stage import LocalPipeline
 from agent.sampling.params import SamplingParams
+from tests.conftest import REFERENCE_TOKENS
 
 GREEDY = SamplingParams()
 
@@ -18,7 +19,7 @@ def greedy_tokens(
     prompt: list[int],
     drafter: Drafter | None = None,
     stats: DecodeStats | None = None,
-    max_tokens: int = 64,
+    max_tokens: int = REFERENCE_TOKENS,
 ) -> list[int]:
     """``max_tokens`` greedy tokens (stop tokens ignored) from a fresh session of ``pipeline``."""
 

@@ -37,10 +37,10 @@ from tests.conftest import PROMPTS
 from tests.integration.ring_lab import AgentProcess, Fleet, free_port, start_agent, status, wait_for
 
 pytestmark = pytest.mark.ring
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 CHAT_SESSIONS = 2
 LONG_PROMPT = "Write a very long story about a dragon who learns to code."
-KEEP_SECONDS = 8
+KEEP_SECONDS = 4
 
 
 @pytest.fixture(scope="module")
@@ -143,11 +143,12 @@ def test_chat_agent_answers_exactly_as_the_pipeline(
     cache_dir: Path,
     fleet: Fleet,
 ) -> None:
-    """Four prompts through the agent's own stage 0 and the ring: the pipeline's tokens, and their text."""
+    """Two prompts through the agent's own stage 0 and the ring: the pipeline's tokens, and their text."""
     agent, endpoint = chat_agent
     tokenizer = ChatTokenizer(exported(3, "fp32") / "tokenizer")
     drafted = 0
-    for prompt in PROMPTS:
+    prompts = PROMPTS[:2]
+    for prompt in prompts:
         events = asyncio.run(_events(endpoint, _request(endpoint, prompt)))
         tokens = _tokens(events)
         assert tokens == reference(prompt), prompt
@@ -177,7 +178,7 @@ def test_chat_agent_answers_exactly_as_the_pipeline(
     assert done.returncode == 0, done.stderr
     assert done.stdout == tokenizer.decode(reference(PROMPTS[0])) + "\n"
     report = status(agent.address, fleet.identity("observer"))["chat"]
-    assert report["answered"] == len(PROMPTS) + 1  # type: ignore[index]
+    assert report["answered"] == len(prompts) + 1  # type: ignore[index]
     assert report["local_steps"] > 0 and report["running"] == 0  # type: ignore[index]
     assert status(agent.address, fleet.identity("observer"))["steps_served"] == 0  # stage 0 ran in the chat, in-process
 
@@ -192,8 +193,8 @@ def test_concurrent_chats_match_alone_and_the_extra_one_is_busy(
     chat_agent: tuple[AgentProcess, ChatEndpoint],
     reference: Callable[[str], list[int]],
 ) -> None:
-    """Two chats at once each give their lone answer; a third while both run gets "fleet busy" (and over
-    the OpenAI-style API, status 429)."""
+    """Two chats at once each give their lone answer (the pipeline's); a third while both run gets "fleet busy"
+    (and over the OpenAI-style API, status 429)."""
     _, endpoint = chat_agent
 
     async def together() -> tuple[list[list[ChatEvent]], list[ChatEvent]]:
@@ -220,9 +221,8 @@ def test_concurrent_chats_match_alone_and_the_extra_one_is_busy(
     (long_answer, short_answer), extra = asyncio.run(together())
     assert [e.event for e in extra] == ["error"] and extra[0].code == "fleet_busy", extra
     assert _tokens(short_answer) == reference(PROMPTS[2])
-    alone = asyncio.run(_events(endpoint, _request(endpoint, LONG_PROMPT, 64)))
-    assert _tokens(long_answer) == _tokens(alone)
-    assert len(_tokens(alone)) == 64, "the long answer must outlast the extra request"
+    assert _tokens(long_answer) == reference(LONG_PROMPT, 64)
+    assert len(reference(LONG_PROMPT, 64)) == 64, "the long answer must outlast the extra request"
 
 
 def test_bad_requests_are_refused_and_the_agent_goes_on(
@@ -244,7 +244,7 @@ def test_bad_requests_are_refused_and_the_agent_goes_on(
     assert [e.code for e in asyncio.run(raw(b"not json\n"))] == ["bad_request"]
     assert [e.code for e in asyncio.run(raw(b'{"v":2}\n'))] == ["bad_version"]
     good = _request(endpoint, PROMPTS[0]).to_line()
-    mistyped = good.replace(b'"max_tokens":48', b'"max_tokens":"48"')
+    mistyped = good.replace(b'"max_tokens":%d' % MAX_TOKENS, b'"max_tokens":"%d"' % MAX_TOKENS)
     assert mistyped != good
     assert [e.code for e in asyncio.run(raw(mistyped))] == ["bad_request"]
     long_prompt = _request(endpoint, "word " * 5000)
@@ -379,33 +379,6 @@ def test_agent_off_stage_zero_heads_chats_through_token_ids(
         endpoint = ChatEndpoint.load(tmp_path / "c.json")
         assert _tokens(asyncio.run(_events(endpoint, _request(endpoint, PROMPTS[1])))) == reference(PROMPTS[1])
         assert status(agent.address, fleet.identity("observer"))["chat"]["local_steps"] == 0  # type: ignore[index]
-    finally:
-        agent.stop()
-
-
-def test_chat_on_an_unreachable_ring_fails_with_a_clear_error(
-    exported: Callable[..., Path],
-    fleet: Fleet,
-    cache_dir: Path,
-    tmp_path: Path,
-) -> None:
-    """Stage 0's successor never comes up: the chat ends in ``ring_unavailable``, the agent stays up."""
-    nobody = ("127.0.0.1", free_port())
-    agent = start_agent(
-        exported(3, "fp32"),
-        0,
-        fleet.identity("chat-node-2"),
-        cache_dir,
-        next_address=nobody,
-        extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(tmp_path / "c.json")],
-    )
-    try:
-        endpoint = ChatEndpoint.load(tmp_path / "c.json")
-        events = asyncio.run(_events(endpoint, _request(endpoint, PROMPTS[0])))
-        assert [e.event for e in events] == ["error"] and events[0].code == "ring_unavailable", events
-        assert f"{nobody[0]}:{nobody[1]}" in events[0].text
-        assert agent.process.poll() is None
-        assert status(agent.address, fleet.identity("observer"))["local_chats"] == 0  # its place is free again
     finally:
         agent.stop()
 
@@ -665,7 +638,7 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
     token that of the same ring never interrupted, after a pause."""
     folder = exported(stages, weights)
     listen = f"127.0.0.1:{free_port()}"
-    tokens = 160
+    tokens = 48
     ring = [
         start_agent(folder, stages - 1, fleet.identity(f"replay-{stages - 1}"), cache_dir, listen=listen, extra=extra)
     ]
@@ -720,7 +693,7 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
     try:
         expected = _tokens(asyncio.run(answer(None)))
         assert len(expected) == tokens  # the story outlasts the budget: the kill lands mid-answer
-        events = asyncio.run(answer(20))
+        events = asyncio.run(answer(12))
         assert _tokens(events) == expected
         assert events[-1].stats["replays"] == 1, events[-1].stats  # type: ignore[index]
         assert "replaying its steps into a fresh session" in agent.log_text()

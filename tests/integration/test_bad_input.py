@@ -92,29 +92,32 @@ def test_missing_source(tmp_path: Path, cache_dir: Path) -> None:
 
 
 def test_failure_mid_export_leaves_nothing(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checkpoint that breaks while the second stage is loading leaves no folder behind."""
+    """A checkpoint that breaks while the second stage is loading (the first one written) leaves no folder
+    behind. Ten stages: the first, written before the failure, holds two layers rather than half the model."""
     from shards.checkpoint.gguf_file import GgufCheckpoint
     from shards.export.exporter import ExportRequest, export
 
     real_tensor = GgufCheckpoint.tensor
+    out = tmp_path / "out"
+    staging = out.with_name(out.name + ".incomplete")
 
     def failing_tensor(self: GgufCheckpoint, name: str) -> torch.Tensor:
-        if name.startswith("model.layers.20."):
-            raise CorruptCheckpointError("simulated read error in layer 20")
+        if name.startswith("model.layers.") and (staging / "stage-1").exists():
+            assert (staging / "stage-0" / "openvino_model.xml").exists()
+            raise CorruptCheckpointError(f"simulated read error in {name}")
         return real_tensor(self, name)
 
     monkeypatch.setattr(GgufCheckpoint, "tensor", failing_tensor)
-    out = tmp_path / "out"
-    with pytest.raises(CorruptCheckpointError):
-        export(ExportRequest(source="smollm2", out_dir=out, stages=2, weights="fp16"), cache_dir, progress=False)
+    with pytest.raises(CorruptCheckpointError, match="simulated read error"):
+        export(ExportRequest(source="smollm2", out_dir=out, stages=10, weights="fp16"), cache_dir, progress=False)
     assert_nothing_left(out)
 
 
 @pytest.mark.parametrize("damage", ["flipped byte", "missing file", "bad manifest"])
 def test_damaged_export_is_refused(damage: str, tmp_path: Path, cache_dir: Path, exported: Callable[..., Path]) -> None:
     folder = tmp_path / "export"
-    shutil.copytree(exported(2, "fp32"), folder)
-    weights = folder / "stage-1" / "openvino_model.bin"
+    shutil.copytree(exported(1, "int4"), folder)  # the smallest export: 87 MB to copy and hash, not 630
+    weights = folder / "stage-0" / "openvino_model.bin"
     if damage == "flipped byte":
         with weights.open("r+b") as f:
             f.seek(1000)

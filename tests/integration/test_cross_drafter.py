@@ -68,11 +68,12 @@ def test_drafting_through_text_keeps_greedy_tokens(
     through_text = CrossTokenizerDrafter(ModelDrafter(stage, GREEDY), TextBridge(smollm2_tokenizer, smollm2_tokenizer))
     hybrid = make_drafter("ngram+draft", target_dir, Manifest.load(target_dir), GREEDY, config, draft_dir)
     assert isinstance(hybrid, HybridDrafter)
-    plain = [greedy_tokens(pipeline, prompt, max_tokens=48) for prompt in chat_ids]
+    prompts = chat_ids[:1]  # every draft goes through text (or the hybrid's lookup) and is judged: one answer
+    plain = [greedy_tokens(pipeline, prompt) for prompt in prompts]
     for name, drafter in (("through text", through_text), ("ngram+draft", hybrid)):
         stats = DecodeStats()
-        for prompt, want in zip(chat_ids, plain, strict=True):
-            assert greedy_tokens(pipeline, prompt, drafter, stats, max_tokens=48) == want, name
+        for prompt, want in zip(prompts, plain, strict=True):
+            assert greedy_tokens(pipeline, prompt, drafter, stats) == want, name
         print(f"\n{name}: acceptance {stats.acceptance:.0%} of {stats.drafted} drafted in {stats.steps} steps")
         # the draft is the target's own weights in int4: most drafts must survive the round trip
         assert stats.drafted > 0 and stats.acceptance > 0.5, name

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from agent.head.decode import DecodeStats
 from agent.head.drafters import NGramDrafter
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.stage import LocalPipeline
 from shards.manifest import Manifest
+from tests.conftest import REFERENCE_PROMPTS
 from tests.integration.local_decode import greedy_tokens
 
 
@@ -50,14 +50,15 @@ def test_rejected_drafts_leave_no_trace(exported: Callable[..., Path], cache_dir
         assert float(np.abs(rewound - never_saw).max()) < 1e-3
 
 
-@pytest.mark.parametrize("stages", [1, 3])
 def test_speculative_greedy_equals_plain_in_the_default_precision(
-    stages: int, exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
+    exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
 ) -> None:
-    pipeline = _default_pipeline(exported(stages, "int4"), cache_dir)
+    """Three stages: a first (embeddings), a middle and a last one (the head) each cut the rejected drafts out."""
+    pipeline = _default_pipeline(exported(3, "int4"), cache_dir)
     stats = DecodeStats()
-    for prompt in chat_ids:
+    for prompt in chat_ids[:REFERENCE_PROMPTS]:
         plain = greedy_tokens(pipeline, prompt)
         spec = greedy_tokens(pipeline, prompt, NGramDrafter(), stats)
         assert spec == plain
+    print(f"\n{stats.accepted} of {stats.drafted} drafts kept")
     assert stats.drafted > 0 and stats.accepted < stats.drafted, "no draft was rejected: nothing was rewound"

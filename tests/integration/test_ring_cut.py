@@ -204,7 +204,7 @@ def test_a_chat_cut_off_from_its_last_stage_pauses_and_goes_on_once_it_is_back(
         extra=["--precision", "f32", "--chat", "127.0.0.1:0", "--chat-file", str(chat_file), "--chat-keep", "0"],
     )
     ask = netlab.command(
-        1, [sys.executable, "-m", "agent.cli.main", "ask", LONG, "--max-tokens", "160", "--chat-file", str(chat_file)]
+        1, [sys.executable, "-m", "agent.cli.main", "ask", LONG, "--max-tokens", "64", "--chat-file", str(chat_file)]
     )
     try:
         plain = subprocess.run(ask, capture_output=True, text=True, timeout=180)

@@ -24,7 +24,7 @@ from agent.wire.frames import HEADER, MAGIC, PROTOCOL_VERSION
 from agent.wire.messages import Hello
 from shards.manifest import Manifest
 from tests.integration.ring_lab import AgentProcess, Fleet, free_port, start_agent, status, wait_for
-from tests.integration.test_ring import _generate
+from tests.integration.test_ring import _client, _generate
 
 pytestmark = pytest.mark.ring
 
@@ -141,6 +141,23 @@ async def _send_raw_after_hello(address: tuple[str, int], context: ssl.SSLContex
         writer.transport.abort()
 
 
+@pytest.fixture(scope="module")
+def alone(
+    ring3: list[AgentProcess], exported: Callable[..., Path], fleet: Fleet, chat_ids: list[list[int]]
+) -> list[int]:
+    """16 greedy tokens of the first prompt through ring3, nobody else connected."""
+
+    async def run() -> list[int]:
+        client = _client(exported(3, "fp32"), ring3, fleet.identity("head"))
+        await client.connect()
+        try:
+            return await _generate(client, chat_ids[0], n=16)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
 @pytest.mark.parametrize("case", list(BAD_FRAMES))
 def test_malformed_frame_closes_only_that_connection(
     case: str,
@@ -148,6 +165,7 @@ def test_malformed_frame_closes_only_that_connection(
     exported: Callable[..., Path],
     fleet: Fleet,
     chat_ids: list[list[int]],
+    alone: list[int],
 ) -> None:
     agent = ring3[0]
     folder = exported(3, "fp32")
@@ -155,23 +173,20 @@ def test_malformed_frame_closes_only_that_connection(
     manifest = Manifest.load(folder)
     errors_before = _protocol_errors(agent)
 
-    async def run() -> tuple[list[int], list[int], float]:
-        from tests.integration.test_ring import _client
-
+    async def run() -> tuple[list[int], float]:
         client = _client(folder, ring3, identity)
         await client.connect()
         try:
-            alone = await _generate(client, chat_ids[0], n=16)
             # a well-behaved session runs while a broken peer is thrown out
             together, closed_after = await asyncio.gather(
                 _generate(client, chat_ids[0], n=16),
                 _send_raw_after_hello(agent.address, client_context(identity), manifest.export_id, BAD_FRAMES[case]),
             )
-            return alone, together, closed_after
+            return together, closed_after
         finally:
             await client.close()
 
-    alone, together, closed_after = asyncio.run(run())
+    together, closed_after = asyncio.run(run())
     assert together == alone
     assert closed_after < 5
     wait_for(lambda: _protocol_errors(agent) > errors_before, 10, "this connection's protocol error in the log")

@@ -11,7 +11,7 @@ import pytest
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.stage import LocalPipeline
 from shards.manifest import Manifest
-from tests.conftest import greedy
+from tests.conftest import REFERENCE_PROMPTS, greedy
 
 
 def _pipeline(folder: Path, cache_dir: Path, precision: str = "auto") -> LocalPipeline:
@@ -30,7 +30,7 @@ def test_fp32_stages_match_transformers(
 ) -> None:
     pipeline = _pipeline(exported(stages, "fp32"), cache_dir)
     worst = 0.0
-    for ids, (ref_tokens, ref_logits) in zip(chat_ids, hf_reference, strict=True):
+    for ids, (ref_tokens, ref_logits) in zip(chat_ids[:REFERENCE_PROMPTS], hf_reference, strict=True):
         tokens, logits = greedy(pipeline.new_session(), ids)
         assert tokens == ref_tokens
         worst = max(worst, float(np.abs(logits - ref_logits).max()))
@@ -44,7 +44,7 @@ def test_int4_stages_match_one_stage(exported: Callable[..., Path], cache_dir: P
     # f32 execution: in bf16 the CPU plugin rounds differently at a cut (see RuntimeConfig.precision)
     single = _pipeline(exported(1, "int4"), cache_dir, precision="f32")
     split = _pipeline(exported(3, "int4"), cache_dir, precision="f32")
-    for ids in chat_ids:
+    for ids in chat_ids[:1]:  # int4 weights in f32 are slow on the CPU: one answer of REFERENCE_TOKENS
         expected, _ = greedy(single.new_session(), ids)
         actual, _ = greedy(split.new_session(), ids)
         assert actual == expected

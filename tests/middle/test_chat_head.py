@@ -4,7 +4,8 @@ A chat's answer must be the whole model's; the conversation's next turn reuses i
 computes only the new part; a ring lost mid-answer is replayed into a fresh session and the answer
 goes on unchanged; a kept session that a full stage evicted makes the next turn start afresh, still
 right; a chat beyond the agent's places is told "fleet busy" while the others go on; a client that
-leaves mid-answer frees its session on every stage.
+leaves mid-answer frees its session on every stage; a chat whose ring cannot be reached fails with a
+clear error, and the agent goes on.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
 
 from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.daemon import Daemon, DaemonAddresses
@@ -180,5 +183,32 @@ def test_a_head_holding_no_stage_answers_as_the_stage_0_head_does(tmp_path: Path
                 assert "stages=none" in bare.ready_line(DaemonAddresses(bare.server.address))
             finally:
                 await bare.stop()
+
+    run(main)
+
+
+def test_a_chat_whose_ring_cannot_be_reached_fails_with_a_clear_error_and_the_agent_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 0's successor never comes up: once the chat has waited for the ring (15 s in the product, half a
+    second here), it ends in ``ring_unavailable`` naming the address; the agent frees the chat's place and
+    answers the next chat alike."""
+    from agent.chat import service
+
+    monkeypatch.setattr(service, "RING_TIMEOUT", 0.5)
+    nobody = ("10.9.0.99", 7000)
+
+    async def main() -> None:
+        ring = await ToyRing.start()
+        daemon = await ring.chat_agent(tmp_path, next=nobody)
+        try:
+            for _ in range(2):
+                events = await _events(daemon, _request(daemon, ("user", QUESTION)))
+                assert [e.event for e in events] == ["error"] and events[0].code == "ring_unavailable", events
+                assert f"{nobody[0]}:{nobody[1]}" in events[0].text
+                assert daemon.server.status()["local_chats"] == 0  # its place is free again
+        finally:
+            await daemon.stop()
+            await ring.stop()
 
     run(main)
