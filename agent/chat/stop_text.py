@@ -28,19 +28,25 @@ class StopText:
         if self.stopped:
             return ""
         text = self._held + piece
-        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
-        if found:
+        found = self._first_found(text)
+        keep = self._longest_open_prefix(text)
+        if found is not None and found <= len(text) - keep:
+            # no longer stop sequence that starts earlier can still complete: this one ends the answer
             self.stopped = True
             self._held = ""
-            return text[: min(found)]
-        keep = self._longest_open_prefix(text)
+            return text[:found]
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]
 
     def rest(self) -> str:
-        """What is still held back (the answer ended without completing a stop sequence)."""
+        """What is still held back when the answer ends (cut before a stop sequence it holds)."""
         rest, self._held = self._held, ""
-        return rest
+        found = self._first_found(rest)
+        return rest if found is None else rest[:found]
+
+    def _first_found(self, text: str) -> int | None:
+        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        return min(found) if found else None
 
     def _longest_open_prefix(self, text: str) -> int:
         """The length of the longest end of ``text`` that a stop sequence begins with."""

@@ -50,3 +50,12 @@ def test_any_split_shows_the_text_cut_before_the_first_stop(text: str, cuts: lis
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
     pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
     assert _shown(pieces, stops) == _reference(text, stops)
+
+
+def test_a_longer_stop_that_starts_earlier_wins_over_one_found_first() -> None:
+    """Found by hypothesis on a fresh clone's CI run: '.' completes first, but 'a.a' starts earlier."""
+    stops = StopText([".", "a.a"])
+    assert stops.push("a.") == ""
+    assert stops.push("a") == "" and stops.stopped
+    ending = StopText([".", "a.a"])
+    assert ending.push("a.") == "" and ending.rest() == "a"  # the answer ended: cut before the '.'
