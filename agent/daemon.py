@@ -160,7 +160,7 @@ class Daemon:
         manifest, stages = await _load_stages(config) if config.export_dir is not None else (None, [])
         network = TlsNetwork.of(identity)
         facts = await loop.run_in_executor(None, lambda: measure_host(speed=False))
-        membership = await loop.run_in_executor(None, lambda: _membership(config, identity, network, facts, stages))
+        membership = await loop.run_in_executor(None, lambda: _membership(config, identity, network, facts))
         daemon = cls(config, identity.name, manifest, stages, network, [membership, *parts])
         membership.on_duplicate = daemon.fail
         return daemon
@@ -230,7 +230,7 @@ async def _load_stages(config: AgentConfig) -> tuple[Manifest, list[Stage]]:
 
 
 def _membership(
-    config: AgentConfig, identity: NodeIdentity, network: TlsNetwork, facts: HostFacts, stages: Sequence[Stage]
+    config: AgentConfig, identity: NodeIdentity, network: TlsNetwork, facts: HostFacts
 ) -> MembershipService:
     """This agent's fleet membership: what it announces, and how it finds the others."""
     host = config.listen[0]

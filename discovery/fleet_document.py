@@ -29,8 +29,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import FleetError
-from agent.fleet.authority import FLEET_ID_RE, NODE_NAME_RE, fleet_id_of, parse_utc, utc_iso
-from agent.fleet.signed import sign_document, verify_document
+from agent.fleet.authority import FLEET_ID_RE, NODE_NAME_RE, parse_utc, utc_iso
+from agent.fleet.signed import check_fleet, sign_document, verify_document
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 """A Hub repository id: ``name`` or ``owner/name``."""
@@ -182,10 +182,7 @@ class FleetDocument:
         """
         body = verify_document(data, ca_cert, "the fleet document")
         result = cls._from_body(body)
-        if result.fleet_id != fleet_id_of(ca_cert):
-            raise FleetError(
-                f"the fleet document is for fleet {result.fleet_id}, not this fleet ({fleet_id_of(ca_cert)})"
-            )
+        check_fleet(result.fleet_id, ca_cert, "the fleet document")
         return result
 
     @classmethod

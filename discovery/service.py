@@ -206,7 +206,7 @@ class MembershipService:
         self.state = replace(self.state, me=self.me.changed(**changes))
         frame = control.to_frame(control.Update(self.me))
         for link in self._links():
-            await self._send(link, frame)
+            await self._send_quietly(link.connection, frame)
         if self._mdns is not None:
             await self._mdns.update(self.me)
 
@@ -243,7 +243,7 @@ class MembershipService:
         self._revoked(offered)
         frame = control.to_frame(control.Revocations(document))
         for link in self._links():
-            self._tasks.spawn(self._send(link, frame))
+            self._tasks.spawn(self._send_quietly(link.connection, frame))
         return f"version {offered.version} taken"
 
     # -- events --------------------------------------------------------------------------------
@@ -374,7 +374,7 @@ class MembershipService:
             return
         self._out[link.node] = link
         self._feed(Verified(self._announced[link.node], link.host, via, self._clock()))
-        await self._send(link, control.to_frame(self._gossip()))
+        await self._send_quietly(link.connection, control.to_frame(self._gossip()))
         self._tasks.spawn(self._run_link(link))
 
     # -- both directions -----------------------------------------------------------------------
@@ -397,7 +397,7 @@ class MembershipService:
             return
         self._in.setdefault(link.node, []).append(link)
         self._feed(Verified(self._announced[link.node], link.host, Source.INBOUND, self._clock()))
-        await self._send(link, control.to_frame(self._gossip()))
+        await self._send_quietly(link.connection, control.to_frame(self._gossip()))
         await self._run_link(link)
 
     async def accept_admin(self, connection: FrameConnection, hello: WireHello) -> None:
@@ -558,13 +558,10 @@ class MembershipService:
         frame = control.to_frame(control.Gossip((control.GossipEntry(member.host, member.announcement),)))
         for link in self._links():
             if link.node != node:
-                self._tasks.spawn(self._send(link, frame))
+                self._tasks.spawn(self._send_quietly(link.connection, frame))
 
     def _links(self) -> list[_Link]:
         return list(self._out.values()) + [link for group in self._in.values() for link in group]
-
-    async def _send(self, link: _Link, frame: Frame) -> None:
-        await self._send_quietly(link.connection, frame)
 
     @staticmethod
     async def _send_quietly(connection: FrameConnection, frame: Frame) -> None:

@@ -37,7 +37,7 @@ from agent.fleet.authority import (
     utc_iso,
     write_atomic,
 )
-from agent.fleet.signed import sign_document, verify_document
+from agent.fleet.signed import check_fleet, sign_document, verify_document
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,7 @@ class RevocationList:
         """
         body = verify_document(data, ca_cert, "the revocation list").decode()
         result = cls._from_body(body)
-        if result.fleet_id != fleet_id_of(ca_cert):
-            raise FleetError(
-                f"the revocation list is for fleet {result.fleet_id}, not this fleet ({fleet_id_of(ca_cert)})"
-            )
+        check_fleet(result.fleet_id, ca_cert, "the revocation list")
         return result
 
     @classmethod

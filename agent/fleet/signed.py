@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import FleetError
+from agent.fleet.authority import fleet_id_of
 
 SCHEMA = 1
 
@@ -67,3 +68,10 @@ def verify_document(data: bytes, ca_cert: x509.Certificate, what: str = "the doc
     except InvalidSignature as exc:
         raise FleetError(f"{what}'s signature is not the fleet CA's (tampered with, or of another fleet)") from exc
     return raw_body
+
+
+def check_fleet(fleet_id: str, ca_cert: x509.Certificate, what: str) -> None:
+    """:class:`FleetError` unless a verified body's ``fleet_id`` is the fleet of ``ca_cert`` (the CA signs for one
+    fleet only)."""
+    if fleet_id != fleet_id_of(ca_cert):
+        raise FleetError(f"{what} is for fleet {fleet_id}, not this fleet ({fleet_id_of(ca_cert)})")
