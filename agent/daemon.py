@@ -7,10 +7,11 @@ Parts, in start order (stopped in reverse):
 - the OpenAI-style API in front of those chats (``agent.chat.openai_http``);
 - fleet membership (``discovery.service``): mDNS, seeds, gossip and the members' control links, which
   come in through the stage server's port;
-- any further ``DaemonPart`` handed in: the fleet plan, shard downloads and the idle policy plug in here,
-  each seeing the daemon's status through ``status_sections``.
-
-An agent started without an export is a member only: it holds no stage until the fleet plan gives it one.
+- for an agent of a self-forming fleet (started without an export, the normal way): the fleet plan
+  (``discovery.plan_service``) and the part that carries it out on this PC (``agent.node.ring_former``):
+  fetching, compiling and serving its stage, and pointing its chats at the plan's ring;
+- any further ``DaemonPart`` handed in (the idle policy plugs in here), each seeing the daemon's status
+  through ``status_sections``.
 
 The command line only parses arguments and calls :func:`serve`; tests build a ``Daemon`` directly.
 """
@@ -37,7 +38,9 @@ from agent.fleet import NodeIdentity, read_certificate
 from agent.fleet.authority import write_atomic
 from agent.node.config import LOOPBACK, AgentConfig
 from agent.node.facts import HostFacts, matmul_gflops, measure_host
+from agent.node.ring_former import RingFormer
 from agent.node.server import StageServer
+from agent.node.shard_source import ShardSource
 from agent.runtime.protocol import Stage
 from agent.runtime.stage import CompiledStage
 from agent.transport.connection import FrameConnection
@@ -45,8 +48,10 @@ from agent.transport.network import Network, TlsNetwork
 from agent.wire.frames import PROTOCOL_VERSION
 from agent.wire.messages import Hello
 from discovery.announcement import Announcement, HeldStage
+from discovery.fleet_document import ModelSource
+from discovery.kept import fleet_document_keeper, revocation_keeper
 from discovery.mdns import local_ipv4_addresses
-from discovery.revocations import RevocationKeeper
+from discovery.plan_service import FleetPlanService
 from discovery.service import MembershipService, MembershipSettings
 from shards.manifest import Manifest
 
@@ -84,6 +89,15 @@ class DaemonPart(Protocol):
 
 
 @dataclass(frozen=True)
+class FleetParts:
+    """What a self-forming fleet's agent plans and fetches with (see :meth:`Daemon.build`)."""
+
+    membership: MembershipService
+    plan: FleetPlanService
+    source: ShardSource
+
+
+@dataclass(frozen=True)
 class DaemonAddresses:
     """Where a started daemon can be reached."""
 
@@ -105,9 +119,12 @@ class Daemon:
         parts: Sequence[DaemonPart] = (),
         *,
         load_tokenizer: Callable[[Path], ChatTokenizer] | None = None,
+        fleet: FleetParts | None = None,
     ) -> None:
         """``network``: how the agent reaches and accepts peers (``TlsNetwork.of(identity)``: see
-        :meth:`build`); ``load_tokenizer``: reads the export's tokenizer (default: ``ChatTokenizer``)."""
+        :meth:`build`); ``load_tokenizer``: reads the export's tokenizer (default: ``ChatTokenizer``);
+        ``fleet``: the plan this agent follows (then its stages and ring come from the plan, and a
+        ``RingFormer`` joins the parts; their membership and plan must be among ``parts``)."""
         if manifest is not None:
             _check_ring_flags(config, manifest)
         self.config = config
@@ -118,7 +135,9 @@ class Daemon:
         if config.chat is not None:
             from agent.chat.service import ChatService
 
-            self.chats = ChatService(config, self.server, network, load_tokenizer)
+            self.chats = ChatService(
+                config, self.server, network, load_tokenizer, _route_of(fleet.plan) if fleet is not None else None
+            )
             # a chat kept for its next turn gives its place up to a session that needs it on this agent
             self.server.table.reclaim = self.chats.kept.give_up_place
             self._section("chat", self.chats.status)
@@ -126,7 +145,9 @@ class Daemon:
                 from agent.chat.openai_http import OpenAIEndpoint
 
                 self.http = OpenAIEndpoint(self.chats, config.http)
-        self.parts = list(parts)
+        self.parts: list[DaemonPart] = list(parts)
+        if fleet is not None:
+            self.parts.append(RingFormer(config, fleet.plan, fleet.membership, self.server, fleet.source, self.chats))
         for part in self.parts:
             self._section(part.name, part.status)
             for role, serve in part.roles.items():
@@ -152,16 +173,35 @@ class Daemon:
         self.stopped.set()
 
     @classmethod
-    async def build(cls, config: AgentConfig, parts: Sequence[DaemonPart] = ()) -> Daemon:
+    async def build(
+        cls,
+        config: AgentConfig,
+        parts: Sequence[DaemonPart] = (),
+        *,
+        measure_speed: Callable[[], float] = matmul_gflops,
+    ) -> Daemon:
         """Load the identity and manifest, check and compile this agent's stages (off the event loop), and
-        assemble its fleet membership."""
+        assemble its fleet membership. ``measure_speed``: this PC's speed figure, measured once running (tests
+        of many agents on one PC give a fixed one: measured there, the figures are their contention's)."""
         loop = asyncio.get_running_loop()
         identity = await loop.run_in_executor(None, NodeIdentity.load, config.identity_dir)
         manifest, stages = await _load_stages(config) if config.export_dir is not None else (None, [])
         network = TlsNetwork.of(identity)
         facts = await loop.run_in_executor(None, lambda: measure_host(speed=False))
-        membership = await loop.run_in_executor(None, lambda: _membership(config, identity, network, facts))
-        daemon = cls(config, identity.name, manifest, stages, network, [membership, *parts])
+        membership = await loop.run_in_executor(
+            None, lambda: _membership(config, identity, network, facts, measure_speed)
+        )
+        fleet = None
+        own: list[DaemonPart] = [membership]
+        if config.export_dir is None:
+            source = ShardSource(config.shards_dir)
+
+            async def load_manifest(model: ModelSource) -> Manifest:
+                return await asyncio.get_running_loop().run_in_executor(None, source.manifest, model)
+
+            fleet = FleetParts(membership, FleetPlanService(membership, load_manifest), source)
+            own.append(fleet.plan)
+        daemon = cls(config, identity.name, manifest, stages, network, [*own, *parts], fleet=fleet)
         membership.on_duplicate = daemon.fail
         return daemon
 
@@ -200,11 +240,12 @@ class Daemon:
     def ready_line(self, addresses: DaemonAddresses) -> str:
         """The one line a started agent prints (scripts and the demo wait for it)."""
         graphs = [stage.graph for stage in self.server.stages]
-        if self.server.manifest is None:
-            return (
-                f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} stages=none member"
-            )
         chat = f" chat={addresses.chat[0]}:{addresses.chat[1]}" if addresses.chat else ""
+        if self.config.export_dir is None:
+            return (
+                f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} "
+                f"stages=plan member{chat}"
+            )
         held = (
             f"stages={','.join(map(str, self.config.stages))} layers={graphs[0].layer_start}-"
             f"{graphs[-1].layer_stop - 1} device={self.server.stages[0].device}"
@@ -230,7 +271,11 @@ async def _load_stages(config: AgentConfig) -> tuple[Manifest, list[Stage]]:
 
 
 def _membership(
-    config: AgentConfig, identity: NodeIdentity, network: TlsNetwork, facts: HostFacts
+    config: AgentConfig,
+    identity: NodeIdentity,
+    network: TlsNetwork,
+    facts: HostFacts,
+    measure_speed: Callable[[], float],
 ) -> MembershipService:
     """This agent's fleet membership: what it announces, and how it finds the others."""
     host = config.listen[0]
@@ -249,14 +294,15 @@ def _membership(
         instance=secrets.token_hex(8),
         started=int(time.time()),
         devices=facts.devices,
-        memory_mb=facts.memory_mb,
+        memory_mb=facts.memory_mb if config.offer_mb is None else config.offer_mb,
         speed=facts.speed,
         stages=tuple(HeldStage(i, "ready") for i in config.stages),
     )
     every = host in ("0.0.0.0", "")
     addresses = (local_ipv4_addresses() if every else [host]) if mdns else []
     settings = MembershipSettings(config.peers, mdns, config.lost_after, config.liveness)
-    revocations = RevocationKeeper.load(config.identity_dir, read_certificate(identity.ca))
+    ca = read_certificate(identity.ca)
+    revocations = revocation_keeper(config.identity_dir, ca)
     return MembershipService(
         me,
         network,
@@ -265,8 +311,19 @@ def _membership(
         find_addresses=local_ipv4_addresses if every else None,
         revocations=revocations,
         on_revoked=network.refuse,
-        measure_speed=matmul_gflops,
+        fleet=fleet_document_keeper(config.identity_dir, ca),
+        measure_speed=measure_speed,
     )
+
+
+def _route_of(plan: FleetPlanService) -> Callable[[], tuple[tuple[str, int], tuple[str, int]]]:
+    """The chats' route through the plan's ring (``RingNotReady``, a ``PeerUnavailableError``, says why not)."""
+
+    def route() -> tuple[tuple[str, int], tuple[str, int]]:
+        found = plan.route()
+        return found.first, found.last
+
+    return route
 
 
 def software_version() -> str:
@@ -308,6 +365,20 @@ def _check_ring_flags(config: AgentConfig, manifest: Manifest) -> None:
 
 RUNNING_FILE = "agent.json"
 """Written into the identity folder while the agent runs: where it listens (``shoal doctor`` reads it)."""
+
+
+def running_agent(identity_folder: Path) -> str | None:
+    """``HOST:PORT`` of the agent running with the identity in ``identity_folder`` (None: none runs), dialable
+    from this PC (an agent listening on every interface is reached on loopback)."""
+    try:
+        record = json.loads((identity_folder / RUNNING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    listen = record.get("listen") if isinstance(record, dict) else None
+    if not isinstance(listen, str):
+        return None
+    host, _, port = listen.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "") else listen
 
 
 def _write_running(path: Path, node: str, addresses: DaemonAddresses) -> None:

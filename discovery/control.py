@@ -3,16 +3,20 @@
 A control link is a ring connection whose HELLO names the role ``member``. After the HELLOs, each side sends
 one ``hello`` message, then any of the others, as MEMBERS frames (JSON)::
 
-    hello        {"kind": "hello", "announcement": {TXT properties}, "time": unix seconds, "revocations": version}
+    hello        {"kind": "hello", "announcement": {TXT properties}, "time": unix seconds, "revocations": version,
+                  "fleet": version}                                    versions of the signed documents held
     update       {"kind": "update", "announcement": {...}}           the sender's state changed
     gossip       {"kind": "gossip", "members": [{"host": ..., "announcement": {...}}, ...]}
     revocations  {"kind": "revocations", "document": "<the signed revocation list, base64>"}
+    fleet        {"kind": "fleet", "document": "<the signed fleet document, base64>"}
+    plan         {"kind": "plan", "plan": {...}}                      the coordinator's plan (``discovery.plan_codec``)
     refused      {"kind": "refused", "reason": "..."}                 the link is about to close, and why
     leave        {"kind": "leave"}                                    the sender stops on purpose
     ack          {"kind": "ack", "detail": "..."}                     an admin's push was taken
 
-An admin's tool (``shoal fleet revoke --push``) opens a link of the role ``admin`` instead: it sends
-``revocations`` and gets ``ack`` or ``refused``. What it pushes is signed by the fleet CA, so the link
+An admin's tool (``shoal fleet revoke --push``, ``shoal fleet serve``, ``shoal pin``) opens a link of the role
+``admin`` instead: it sends ``revocations`` or ``fleet`` and gets ``ack`` or ``refused``. What it pushes is
+signed by the fleet CA, so the link
 needs no more trust than any member's.
 
 Gossip is how one seed is enough on a network without multicast: every member tells its links whom it
@@ -43,6 +47,8 @@ class Hello:
     """The sender's wall clock, Unix seconds: a receiver can tell the skew between their clocks."""
     revocations: int = 0
     """Version of the revocation list the sender holds (0: none)."""
+    fleet: int = 0
+    """Version of the fleet document the sender holds (0: none)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,18 @@ class Revocations:
 
 
 @dataclass(frozen=True)
+class FleetDocumentOffer:
+    document: bytes
+
+
+@dataclass(frozen=True)
+class PlanOffer:
+    """The plan the sender follows, as ``discovery.plan_codec`` writes it (checked by its reader)."""
+
+    plan: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Refused:
     reason: str
 
@@ -81,7 +99,7 @@ class Ack:
     detail: str
 
 
-ControlMessage = Hello | Update | Gossip | Revocations | Refused | Leave | Ack
+ControlMessage = Hello | Update | Gossip | Revocations | FleetDocumentOffer | PlanOffer | Refused | Leave | Ack
 
 
 def to_frame(message: ControlMessage) -> Frame:
@@ -94,6 +112,7 @@ def to_frame(message: ControlMessage) -> Frame:
                 "announcement": message.announcement.to_properties(),
                 "time": message.time,
                 "revocations": message.revocations,
+                "fleet": message.fleet,
             }
         case Update():
             body = {"kind": "update", "announcement": message.announcement.to_properties()}
@@ -102,6 +121,10 @@ def to_frame(message: ControlMessage) -> Frame:
             body = {"kind": "gossip", "members": members}
         case Revocations():
             body = {"kind": "revocations", "document": base64.b64encode(message.document).decode()}
+        case FleetDocumentOffer():
+            body = {"kind": "fleet", "document": base64.b64encode(message.document).decode()}
+        case PlanOffer():
+            body = {"kind": "plan", "plan": message.plan}
         case Refused():
             body = {"kind": "refused", "reason": message.reason}
         case Leave():
@@ -123,7 +146,8 @@ def from_frame(frame: Frame) -> ControlMessage:
         raise RemoteProtocolError("MEMBERS: body is not a JSON object")
     kind = body.get("kind")
     if kind == "hello":
-        return Hello(_announcement(body), _number(body, "time"), int(_number(body, "revocations")))
+        fleet = int(_number(body, "fleet")) if "fleet" in body else 0
+        return Hello(_announcement(body), _number(body, "time"), int(_number(body, "revocations")), fleet)
     if kind == "update":
         return Update(_announcement(body))
     if kind == "gossip":
@@ -132,13 +156,14 @@ def from_frame(frame: Frame) -> ControlMessage:
             raise RemoteProtocolError(f"MEMBERS gossip: 'members' must be a list of at most {MAX_GOSSIP}")
         return Gossip(tuple(GossipEntry(_host(e), _announcement(e)) for e in entries))
     if kind == "revocations":
-        document = body.get("document")
-        if not isinstance(document, str):
-            raise RemoteProtocolError("MEMBERS revocations: 'document' must be base64 text")
-        try:
-            return Revocations(base64.b64decode(document, validate=True))
-        except binascii.Error as exc:
-            raise RemoteProtocolError("MEMBERS revocations: 'document' is not base64") from exc
+        return Revocations(_document(body, kind))
+    if kind == "fleet":
+        return FleetDocumentOffer(_document(body, kind))
+    if kind == "plan":
+        plan = body.get("plan")
+        if not isinstance(plan, dict):
+            raise RemoteProtocolError("MEMBERS plan: 'plan' must be an object")
+        return PlanOffer(plan)
     if kind == "refused":
         reason = body.get("reason")
         return Refused(reason[:500] if isinstance(reason, str) else "no reason given")
@@ -148,6 +173,16 @@ def from_frame(frame: Frame) -> ControlMessage:
         detail = body.get("detail")
         return Ack(detail[:500] if isinstance(detail, str) else "")
     raise RemoteProtocolError(f"MEMBERS: unknown kind {kind!r}")
+
+
+def _document(body: dict[str, Any], kind: str) -> bytes:
+    document = body.get("document")
+    if not isinstance(document, str):
+        raise RemoteProtocolError(f"MEMBERS {kind}: 'document' must be base64 text")
+    try:
+        return base64.b64decode(document, validate=True)
+    except binascii.Error as exc:
+        raise RemoteProtocolError(f"MEMBERS {kind}: 'document' is not base64") from exc
 
 
 def _announcement(body: Any) -> Announcement:

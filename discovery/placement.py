@@ -22,8 +22,10 @@ The rules, in the order they win:
 4. **The cost of moving.** Moving a stage costs a download and a compile, and the ring waits meanwhile. So any
    placement whose bottleneck is within :data:`MOVE_MARGIN` of the best will do, and among those a stage
    stays where it runs; else it goes to its named standby; else to a member that holds its files; else to the
-   fastest free member (members on probation last; ties by node id). Hence a member that joins only stands
-   by, and a running stage moves only when the ring would be more than 20 % faster without it there.
+   fastest free member (members on probation last; ties by node id). A running stage moves for speed only
+   when the ring would be more than 20 % faster without it there *and* a member holding its files can take
+   it: a faster member that joins first stands by (fetching and compiling the stage), and takes the stage
+   over on a later plan, at the cost of no download.
 5. **Probation.** A member that dropped a stage it served (lost, gone, revoked) is on probation when it comes
    back: it may stand by, or take a stage no steady member can serve within the margin, but rule 3 ignores
    it, so that a flapping member never pulls stages back and forth. Only :func:`forgive` ends it (the
@@ -506,7 +508,9 @@ class _Planner:
         owner: dict[int, int] = {}
         for s in sorted(auto):
             was = self.index.get(self.was.get(s, ""))
-            if was is not None and was in self.rank and self.fits(s, was) and self.time(s, was) <= limit:
+            if was is None or was not in self.rank or not self.fits(s, was):
+                continue
+            if self.time(s, was) <= limit or not self._ready_elsewhere(s, was, limit):
                 owner[was] = s
         placed = set(owner.values())
         for s in self.auto_order:
@@ -522,11 +526,17 @@ class _Planner:
                 self._augment(s, self.preferred, limit, owner, set())
         return {s: i for i, s in owner.items()}
 
+    def _ready_elsewhere(self, s: int, was: int, limit: float) -> bool:
+        """Whether another free member holds stage ``s``'s files and runs it within ``limit`` (rule 4: a running
+        stage moves for speed only to a member that has its files, so the move costs no download)."""
+        return any(i != was and self.fits(s, i) and self.time(s, i) <= limit for i in self.holders.get(s, []))
+
     def _standbys(self, served: dict[int, int], without: set[int], users: dict[int, int]) -> dict[int, list[int]]:
-        """Rule 6: spare members that can hold each served stage, the ones named before first."""
+        """Rule 6: spare members that can hold each served stage, the ones named before first; the slowest
+        stages choose first (a fast spare stands by where it could make the ring faster)."""
         if self.per_stage == 0:
             return {}
-        stages = sorted(s for s in served if s not in without)
+        stages = sorted((s for s in served if s not in without), key=lambda s: (-self.time(s, served[s]), s))
         spare = {i for i in self.order if i not in users}
         chosen: dict[int, list[int]] = {s: [] for s in stages}
         for s in stages:

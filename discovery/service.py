@@ -8,6 +8,8 @@ It turns what happens on the network into ``discovery.membership`` events and ap
   link to each: the handshake and the certificate prove who a peer is; its heartbeats that it lives;
 - accepts the control links that peers dial (through the stage server's listener: one port per agent);
 - gossips the members it knows to every link, so that one seed is enough without multicast;
+- passes on the fleet's signed documents (the revocation list, the fleet document) to every link, keeping the
+  newest of each, and hands the plan messages of its links to the fleet plan (``discovery.plan_service``);
 - notices a second agent running with this agent's own identity, and stops the later of the two.
 """
 
@@ -19,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from cryptography import x509
 
@@ -35,6 +37,7 @@ from agent.wire import Frame, FrameType
 from agent.wire.messages import Hello as WireHello
 from discovery import control
 from discovery.announcement import Announcement
+from discovery.kept import FleetDocumentKeeper, Kept, RevocationKeeper
 from discovery.membership import (
     LOST_AFTER,
     Event,
@@ -52,7 +55,6 @@ from discovery.membership import (
     apply,
     changes,
 )
-from discovery.revocations import RevocationKeeper
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,7 @@ class MembershipService:
         on_duplicate: Callable[[str], None] | None = None,
         revocations: RevocationKeeper | None = None,
         on_revoked: Callable[[frozenset[str]], None] | None = None,
+        fleet: FleetDocumentKeeper | None = None,
         measure_speed: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -120,6 +123,7 @@ class MembershipService:
         ``on_duplicate(message)``: called once if this agent must stop for an older one with its identity;
         ``revocations``: the fleet's revocation list as this agent keeps it; ``on_revoked(fingerprints)``: told
         every revoked certificate whenever the list grows (the network then refuses them, ring links too);
+        ``fleet``: the fleet document as this agent keeps it;
         ``measure_speed``: this PC's speed figure, measured off the event loop once running, then announced."""
         self.state = Membership(me, settings.lost_after)
         self.settings = settings
@@ -138,6 +142,7 @@ class MembershipService:
         """Address -> (earliest next dial, current back-off)."""
         self._seed_nodes: dict[tuple[str, int], str] = {}
         self._own_addresses: set[tuple[str, int]] = set()
+        self._listening: tuple[str, int] | None = None
         self._claims: dict[tuple[str, int], Source] = {}
         """Addresses to dial once that announced our own node id (a copy of our identity, or a spoofer)."""
         self._announced: dict[str, Announcement] = {}
@@ -148,6 +153,9 @@ class MembershipService:
         self.refused = 0
         self.revocations = revocations
         self._on_revoked = on_revoked
+        self.fleet = fleet
+        self.on_plan: Callable[[str, dict[str, Any]], None] | None = None
+        """Told ``(sender node, plan message)`` for every plan a linked member sends (``discovery.plan_service``)."""
         self._measure_speed = measure_speed
 
     @property
@@ -166,6 +174,7 @@ class MembershipService:
         background."""
         self.state = replace(self.state, me=replace(self.me, port=ring[1]))
         self._own_addresses.add(ring)
+        self._listening = ring
         if self.revocations is not None and self.revocations.current is not None:
             self._revoked(self.revocations.current)
         if self.settings.mdns:
@@ -224,27 +233,58 @@ class MembershipService:
             if link.node in nodes:
                 link.connection.abort()
 
-    async def _offered(self, document: bytes, where: str) -> str:
-        """Take a revocation list a peer or admin sent, if it is validly signed and newer; returns what became
-        of it. :class:`FleetError` (logged, one line naming the peer) if it is not validly signed."""
-        if self.revocations is None:
-            return "this agent keeps no revocation list"
+    async def _offered(self, message: control.Revocations | control.FleetDocumentOffer, where: str) -> str:
+        """Take a signed document a peer or admin sent, if it is validly signed and newer, and pass it on to
+        every link; returns what became of it. :class:`FleetError` (logged, one line naming the peer) if it is
+        not validly signed, or of another fleet."""
+        revocations = isinstance(message, control.Revocations)
+        keeper = cast(Kept[Any] | None, self.revocations if revocations else self.fleet)
+        what = "revocation list" if revocations else "fleet document"
+        if keeper is None:
+            return f"this agent keeps no {what}"
         try:
-            offered = self.revocations.check(document)
+            offered = keeper.verify(message.document)
         except FleetError as exc:
-            log.warning("node=%s refused the revocation list from %s: %s", self.me.node, where, exc)
+            log.warning("node=%s refused the %s from %s: %s", self.me.node, what, where, exc)
             raise
-        if offered is None:
-            return f"not newer than version {self.revocations.version}"
+        if not offered.is_newer_than(keeper.current):
+            if offered.version < keeper.version:  # the same version coming back is gossip's echo: no news
+                log.warning(
+                    "node=%s refused the %s version %d from %s: older than version %d held",
+                    self.me.node,
+                    what,
+                    offered.version,
+                    where,
+                    keeper.version,
+                )
+            return f"not newer than version {keeper.version}"
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.revocations.keep, offered, document)
-        names = ", ".join(r.name for r in offered.revoked) or "none"
-        log.info("node=%s revocation list version %d from %s: revoked %s", self.me.node, offered.version, where, names)
-        self._revoked(offered)
-        frame = control.to_frame(control.Revocations(document))
+        await loop.run_in_executor(None, keeper.keep, offered, message.document)
+        if isinstance(offered, RevocationList):
+            names = ", ".join(r.name for r in offered.revoked) or "none"
+            log.info(
+                "node=%s revocation list version %d from %s: revoked %s", self.me.node, offered.version, where, names
+            )
+            self._revoked(offered)
+        else:
+            log.info("node=%s fleet document version %d from %s: %s", self.me.node, offered.version, where, offered)
+        frame = control.to_frame(message)
         for link in self._links():
             self._tasks.spawn(self._send_quietly(link.connection, frame))
         return f"version {offered.version} taken"
+
+    def broadcast(self, message: control.ControlMessage) -> None:
+        """Send ``message`` on every link (in the background: a slow peer holds up nobody)."""
+        frame = control.to_frame(message)
+        for link in self._links():
+            self._tasks.spawn(self._send_quietly(link.connection, frame))
+
+    def address_of(self, node: str) -> tuple[str, int] | None:
+        """Where a member (or this agent: its own listening address) can be reached, as this agent knows it."""
+        if node == self.me.node:
+            return self._listening
+        member = self.state.get(node)
+        return member.address if member is not None else None
 
     # -- events --------------------------------------------------------------------------------
     def _feed(self, event: Event) -> None:
@@ -410,10 +450,11 @@ class MembershipService:
                 if frame.type is FrameType.GOODBYE:
                     return
                 message = control.from_frame(frame)
-                if not isinstance(message, control.Revocations):
-                    raise RemoteProtocolError(f"an admin link carries revocations, not {type(message).__name__}")
+                if not isinstance(message, control.Revocations | control.FleetDocumentOffer):
+                    raise RemoteProtocolError(f"an admin link carries signed documents, not {type(message).__name__}")
                 try:
-                    reply: control.ControlMessage = control.Ack(await self._offered(message.document, connection.label))
+                    who = f"admin {hello.node} ({connection.label})"
+                    reply: control.ControlMessage = control.Ack(await self._offered(message, who))
                 except FleetError as exc:
                     reply = control.Refused(str(exc))
                 await connection.send(control.to_frame(reply))
@@ -440,6 +481,8 @@ class MembershipService:
                 and message.revocations < self.revocations.version
             ):
                 await self._send_quietly(connection, control.to_frame(control.Revocations(self.revocations.document)))
+            if self.fleet is not None and self.fleet.document and message.fleet < self.fleet.version:
+                await self._send_quietly(connection, control.to_frame(control.FleetDocumentOffer(self.fleet.document)))
             return _Link(peer.node, host, connection, outbound, via, skew=message.time - self._wall())
         itself = refusal == "self"
         if not itself:
@@ -535,9 +578,12 @@ class MembershipService:
                 self._feed(Left(link.node, now))
             case control.Refused(reason=reason):
                 log.warning("node=%s member %s refused this agent: %s", self.me.node, link.node, reason)
-            case control.Revocations(document=document):
-                with contextlib.suppress(FleetError):  # logged; a bad list from a member does not cut its link
-                    await self._offered(document, f"member {link.node} ({link.connection.label})")
+            case control.Revocations() | control.FleetDocumentOffer():
+                with contextlib.suppress(FleetError):  # logged; a bad document from a member does not cut its link
+                    await self._offered(message, f"member {link.node} ({link.connection.label})")
+            case control.PlanOffer(plan=plan):
+                if self.on_plan is not None:
+                    self.on_plan(link.node, plan)
             case control.Ack():
                 pass
             case control.Hello():
@@ -545,7 +591,12 @@ class MembershipService:
 
     # -- messages ------------------------------------------------------------------------------
     def _hello(self) -> control.Hello:
-        return control.Hello(self.me, self._wall(), self.revocations.version if self.revocations else 0)
+        return control.Hello(
+            self.me,
+            self._wall(),
+            self.revocations.version if self.revocations else 0,
+            self.fleet.version if self.fleet else 0,
+        )
 
     def _gossip(self) -> control.Gossip:
         members = self.state.in_state(MemberState.MEMBER)

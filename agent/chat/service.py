@@ -73,6 +73,21 @@ REPLAY_WAIT = 120.0
 """How long a replay waits for the ring to answer again (a frozen or restarting stage), tried with backoff."""
 
 
+@dataclass(frozen=True)
+class ChatModel:
+    """What a head answers with: the export's manifest and tokenizer, and its drafters."""
+
+    export_dir: Path
+    manifest: Manifest
+    tokenizer: ChatTokenizer
+    drafters: DrafterFactory
+
+
+Route = Callable[[], tuple[tuple[str, int], tuple[str, int]]]
+"""Where a fleet agent's chats go (stage 0, last stage), from the fleet plan; ``PeerUnavailableError`` saying
+why while the plan's ring cannot answer."""
+
+
 @dataclass
 class AnswerTally:
     """What an answer went through besides its tokens (reported in its ``done`` event)."""
@@ -92,23 +107,23 @@ class ChatService:
         server: StageServer,
         network: Network,
         load_tokenizer: Callable[[Path], ChatTokenizer] | None = None,
+        route: Route | None = None,
     ) -> None:
         """``network``: how this head reaches the ring's stages; ``load_tokenizer``: reads the export's
-        tokenizer folder (default ``ChatTokenizer``; the middle test tier gives a toy one)."""
+        tokenizer folder (default ``ChatTokenizer``; the middle test tier gives a toy one); ``route``: for an
+        agent of a self-forming fleet, where the plan's ring is (its export comes later: :meth:`use_export`).
+        Without it the ring is the hand-wired one of ``config``."""
         assert config.chat is not None and config.chat_file is not None
-        if server.manifest is None or config.export_dir is None:
+        if route is None and (server.manifest is None or config.export_dir is None):
             raise ConfigError("heading chats needs the export (its tokenizer and the stages' manifest)")
         self.config = config
-        self.manifest: Manifest = server.manifest
-        self.export_dir: Path = config.export_dir
+        self._route = route
+        self.model: ChatModel | None = None
+        """None until the export is loaded (at start, or once the fleet plan gave one: :meth:`use_export`)."""
         self.server = server
         self.node = server.node
         self._network = network
         self._load_tokenizer = load_tokenizer or ChatTokenizer
-        self.tokenizer: ChatTokenizer | None = None  # loaded by start(), off the event loop
-        self.drafters = DrafterFactory(config.drafter, self.export_dir, self.manifest, config.runtime)
-        self._holds_all = len(server.stages) == len(self.manifest.stages)
-        self._holds_first = server.serves and server.hello.layer_start == 0
         self._client: RingClient | None = None
         self._connecting = asyncio.Lock()
         self._listener: asyncio.Server | None = None
@@ -122,16 +137,45 @@ class ChatService:
     @property
     def model_id(self) -> str:
         """The model these chats are answered by (its source's id, as an OpenAI client lists it)."""
-        return self.manifest.source.id
+        return self.model.manifest.source.id if self.model is not None else "shoal"
+
+    @property
+    def _holds_all(self) -> bool:
+        """Whether this agent answers its chats alone (a hand-wired agent holding every stage)."""
+        model = self.model
+        return self._route is None and model is not None and len(self.server.stages) == len(model.manifest.stages)
+
+    @property
+    def _holds_first(self) -> bool:
+        """Whether the head computes stage 0 in-process (a hand-wired agent serving it; in a self-forming
+        fleet the head sends to the plan's stage 0, which may be itself, over its own port)."""
+        return self._route is None and self.server.serves and self.server.hello.layer_start == 0
+
+    async def use_export(self, export_dir: Path, manifest: Manifest) -> None:
+        """Answer with this export from now on: its tokenizer and drafters load off the event loop (a draft
+        model is compiled once, now); a ring client of another export is dropped."""
+        loop = asyncio.get_running_loop()
+        tokenizer = await loop.run_in_executor(None, self._load_tokenizer, export_dir / "tokenizer")
+        drafters = DrafterFactory(self.config.drafter, export_dir, manifest, self.config.runtime)
+        await loop.run_in_executor(None, drafters.prepare)
+        if self.model is not None and self.model.manifest.export_id != manifest.export_id:
+            await self._drop_client()
+        self.model = ChatModel(export_dir, manifest, tokenizer, drafters)
+        log.info("node=%s heads chats of %s (export %s)", self.node, manifest.source.id, manifest.export_id)
+
+    async def _drop_client(self) -> None:
+        async with self._connecting:
+            if self._client is not None:
+                await self._client.close()
+                self._client = None
 
     async def start(self, http_url: str | None = None) -> tuple[str, int]:
         """Listen on the configured loopback address and write the endpoint file (naming ``http_url``, the
         OpenAI-style API's base URL, if one serves these chats); returns the address."""
         host, port = self.config.chat  # type: ignore[misc]
-        folder = self.export_dir / "tokenizer"
-        loop = asyncio.get_running_loop()
-        self.tokenizer = await loop.run_in_executor(None, self._load_tokenizer, folder)
-        await loop.run_in_executor(None, self.drafters.prepare)  # a draft model is compiled once, now
+        if self._route is None:
+            assert self.config.export_dir is not None and self.server.manifest is not None
+            await self.use_export(self.config.export_dir, self.server.manifest)
         self._listener = await listen_tcp(self._handle, (host, port), "the chat endpoint", limit=MAX_LINE_BYTES + 1)
         bound = self._listener.sockets[0].getsockname()
         self._endpoint = replace(ChatEndpoint.new(bound[0], bound[1]), http=http_url or "")
@@ -161,6 +205,15 @@ class ChatService:
                 self.endpoint_file.unlink()
         if self._client is not None:
             await self._client.close()
+
+    def _not_ready(self) -> str:
+        if self._route is None:
+            return "the chat service has not started"
+        try:
+            self._route()
+        except PeerUnavailableError as exc:
+            return f"the fleet's ring is not ready: {exc}"
+        return "the fleet's ring is ready, and this agent is loading the model's tokenizer; try again in a moment"
 
     def status(self) -> dict[str, Any]:
         """The chat part of the agent's status: where it listens, answers given and running, its own steps."""
@@ -237,10 +290,12 @@ class ChatService:
         """The events of one answer: a ``token`` per generated token, then ``done``; or an ``error``."""
         if request.seed is None:  # one seed per answer, told in its done event: the answer can be had again
             request = replace(request, seed=secrets.randbits(31))
-        manifest = self.manifest
+        model = self.model
+        if model is None:
+            yield ChatEvent.error("ring_unavailable", self._not_ready())
+            return
+        manifest, tokenizer = model.manifest, model.tokenizer
         params = request.sampling
-        tokenizer = self.tokenizer
-        assert tokenizer is not None, "start() first"
         # tokenizing a long conversation takes milliseconds to seconds: off the event loop
         loop = asyncio.get_running_loop()
         if request.prompt is not None:  # a completion: the text as it is, with the model's own special tokens
@@ -268,7 +323,7 @@ class ChatService:
             if conversation is None:
                 conversation = await self._open(request)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
-            events = self._tokens(conversation, prompt_ids, request, stats, tally, shown)
+            events = self._tokens(model, conversation, prompt_ids, request, stats, tally, shown)
             async with contextlib.aclosing(events) as tokens:
                 async for event in tokens:
                     yield event
@@ -330,6 +385,7 @@ class ChatService:
 
     async def _tokens(
         self,
+        model: ChatModel,
         conversation: KeptConversation,
         prompt_ids: list[int],
         request: ChatRequest,
@@ -349,8 +405,7 @@ class ChatService:
           an answer never interrupted wherever speculation is exact (``RuntimeConfig.rewind``), sampled ones
           too: their draws are keyed by position (``agent.sampling.keyed``).
         """
-        tokenizer = self.tokenizer
-        assert tokenizer is not None
+        tokenizer = model.tokenizer
         stream = TextStream(tokenizer)
         sent: list[int] = []
         while True:
@@ -361,8 +416,8 @@ class ChatService:
                 max_tokens=request.max_tokens - len(sent),
                 stop_ids=tokenizer.stop_ids,
                 params=request.sampling,
-                context_tokens=self.manifest.context_tokens,
-                drafter=self.drafters.new(request.sampling),
+                context_tokens=model.manifest.context_tokens,
+                drafter=model.drafters.new(request.sampling),
                 k_policy=AdaptiveK(),
                 executor=self.server.executor,
                 stats=stats,
@@ -458,11 +513,21 @@ class ChatService:
     async def _ring(self) -> RingClient:
         """This agent's connections to the rest of the ring, made at the first chat (bring-up order is free)."""
         async with self._connecting:
+            first, last = self._ring_addresses()
+            model = self.model
+            assert model is not None
+            client = self._client
+            if client is not None and (
+                (client.first_address, client.last_address) != (first, last)
+                or client.manifest.export_id != model.manifest.export_id
+            ):
+                log.info("node=%s the ring moved (the fleet plan changed): the head reconnects", self.node)
+                await client.close()
+                self._client = None
             if self._client is None:
-                first, last = self._ring_addresses()
                 local = self.server.stages if self._holds_first else []
                 client = RingClient(
-                    self.manifest,
+                    model.manifest,
                     first,
                     last,
                     self._network,
@@ -479,7 +544,10 @@ class ChatService:
             return self._client
 
     def _ring_addresses(self) -> tuple[tuple[str, int], tuple[str, int]]:
-        """The first stage this head sends to and the last one that answers it (config checked them)."""
+        """The first stage this head sends to and the last one that answers it (config checked them; in a
+        self-forming fleet, the plan names them)."""
+        if self._route is not None:
+            return self._route()
         config = self.config
         first = config.next if self._holds_first else config.ring_first
         if self.server.is_last:

@@ -41,6 +41,8 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "peers": args.peer or None,
         "mdns": False if args.no_mdns else None,
         "lost_after": args.lost_after,
+        "shards_dir": args.shards_dir,
+        "offer_mb": args.offer_mb,
     }
     # the identity (and the chat endpoint file) under the data dir unless a flag or the file names one
     config = load_agent_config(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,13 @@ from cryptography.hazmat.primitives import serialization
 
 from agent.cli.common import identity_dir
 from agent.cli.status_cmd import StatusLink
-from agent.daemon import RUNNING_FILE, software_version
+from agent.daemon import running_agent, software_version
 from agent.errors import FleetError, RingError
 from agent.fleet import NodeIdentity, read_certificate
 from agent.node.config import parse_address
 from discovery.doctor import Finding, check_agent, check_certificate, check_members, check_multicast
+from discovery.kept import revocation_keeper
 from discovery.mdns import MulticastProbe, probe_multicast
-from discovery.revocations import RevocationKeeper
 
 PEER_TIMEOUT = 3.0
 
@@ -42,10 +41,10 @@ async def diagnose(identity: NodeIdentity, agent: str | None, probe_seconds: flo
     """Every finding about this PC: its certificate, its agent, the members it knows, multicast."""
     loop = asyncio.get_running_loop()
     cert, ca = identity.certificate(), read_certificate(identity.ca)
-    keeper = await loop.run_in_executor(None, RevocationKeeper.load, identity.cert.parent, ca)
+    keeper = await loop.run_in_executor(None, revocation_keeper, identity.cert.parent, ca)
     revoked = keeper.current is not None and keeper.current.revokes(identity.fingerprint)
     findings = check_certificate(cert, ca, _key_matches(identity), revoked, dt.datetime.now(dt.UTC))
-    address = agent or _running_address(identity)
+    address = agent or running_agent(identity.cert.parent)
     status, error = None, None
     if address is not None:
         try:
@@ -80,15 +79,6 @@ async def _reach(address: str, identity: NodeIdentity) -> str | None:
         return str(exc)
     await link.close()
     return None
-
-
-def _running_address(identity: NodeIdentity) -> str | None:
-    try:
-        record = json.loads((identity.cert.parent / RUNNING_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    listen = record.get("listen") if isinstance(record, dict) else None
-    return listen if isinstance(listen, str) else None
 
 
 def _key_matches(identity: NodeIdentity) -> bool:

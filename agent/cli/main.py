@@ -131,9 +131,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=200)
 
     p = sub.add_parser(
-        "agent", help="join the fleet and serve stage(s) of an export on the ring (a long-running daemon)"
+        "agent",
+        help="join the fleet and serve what its plan asks (a long-running daemon); with an export and --stage, "
+        "serve those stages of a hand-wired ring",
     )
-    p.add_argument("export_dir", type=Path, nargs="?", default=None)
+    p.add_argument(
+        "export_dir", type=Path, nargs="?", default=None, help="an export, for a hand-wired ring (default: none)"
+    )
+    p.add_argument(
+        "--shards-dir",
+        type=Path,
+        default=None,
+        help="where downloaded shards are cached (default: the shared Hugging Face cache)",
+    )
+    p.add_argument(
+        "--offer-mb",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="memory this PC gives a shard (default: what it measures free; 0: it only heads chats)",
+    )
     p.add_argument("--config", type=Path, default=None, help="TOML file with the same settings as the flags")
     p.add_argument("--stage", type=int, action="append", default=[], help="stage index to serve (repeatable)")
     p.add_argument(
@@ -289,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--identity", type=Path, default=None, help="this PC's identity folder (to reach --push)")
 
+    from agent.cli.plan_cmd import add_plan_commands
+
+    add_plan_commands(sub, fleet)
     p = sub.add_parser("join", help="enroll this PC in a fleet with a join token (from `shoal fleet token`)")
     p.add_argument("address", metavar="TOKEN@HOST:PORT", help="the token and the enrollment server's address")
     p.add_argument("--name", default=None, help="this PC's node name (default: its host name)")
@@ -345,6 +365,10 @@ def _run_command(args: argparse.Namespace, cache_dir: Path) -> int:
         from agent.cli.status_cmd import run_status
 
         return run_status(args, default_data_dir())
+    if args.command in ("pin", "unpin", "pins") or (args.command == "fleet" and args.fleet_command == "serve"):
+        from agent.cli.plan_cmd import run_plan_command
+
+        return run_plan_command(args, default_data_dir())
     if args.command == "fleet":
         from agent.cli.fleet_cmd import run_fleet
 

@@ -31,8 +31,9 @@ class AgentConfig:
     """What one ``shoal agent`` serves and how."""
 
     export_dir: Path | None
-    """The export whose stages this agent serves; None for a member that holds no stage yet (it joins the fleet
-    and waits for the fleet plan)."""
+    """The export whose stages this agent serves (a hand-wired ring); None for the normal way to run, a member of
+    a self-forming fleet: it serves what the fleet plan gives it, fetched from the model the fleet document
+    names (``agent.node.ring_former``), and heads chats through the plan's ring."""
     stages: tuple[int, ...]
     """Indices of the consecutive stages this agent serves; none for a PC that only heads its user's chats
     (it then needs ``chat``, ``ring_first`` and ``ring_last``), or that only is a member."""
@@ -80,6 +81,11 @@ class AgentConfig:
     """Announce and browse over mDNS (off by itself when the agent listens on loopback only)."""
     lost_after: float = 10.0
     """Seconds a fleet member may stay unheard before it counts as lost (``discovery.membership``)."""
+    shards_dir: Path | None = None
+    """Where a fleet agent caches the shards it downloads (None: the shared Hugging Face cache)."""
+    offer_mb: int | None = None
+    """MiB of memory this PC gives the fleet for a shard (None: what it measures free); 0 for a PC that only
+    heads its user's chats and never serves a stage."""
 
     @property
     def liveness(self) -> Liveness:
@@ -87,9 +93,11 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         if self.export_dir is None:
-            if self.stages or self.chat is not None:
+            if self.stages or self.next is not None or self.ring_first is not None or self.ring_last is not None:
                 raise ConfigError(
-                    "serving stages or heading chats needs the export (export_dir, the agent's first argument)"
+                    "stages and ring addresses (--stage, --next, --ring-first, --ring-last) wire a ring by hand, "
+                    "which needs the export (export_dir, the agent's first argument); without one the fleet plan "
+                    "decides them"
                 )
         elif not self.stages:
             if self.chat is None or self.ring_first is None or self.ring_last is None:
@@ -233,6 +241,8 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "peers": _addresses,
     "mdns": _flag,
     "lost_after": _seconds,
+    "shards_dir": _optional_path,
+    "offer_mb": lambda name, value: None if value is None else _whole(0)(name, value),
 }
 """Every agent setting and how its value is read and checked (a message names the setting)."""
 _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
@@ -256,7 +266,8 @@ def load_agent_config(
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
     chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
-    heartbeat_interval, link_timeout, step_timeout, peers (list of ``HOST:PORT``), mdns, lost_after.
+    heartbeat_interval, link_timeout, step_timeout, peers (list of ``HOST:PORT``), mdns, lost_after, shards_dir,
+    offer_mb.
     """
     values: dict[str, Any] = {}
     if path is not None:

@@ -63,27 +63,16 @@ class StageServer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
-        self.manifest = manifest
-        self.stages = stages
         self.node = node
         self._network = network
         self._clock = clock
-        graphs = [s.graph for s in stages]
-        self.serves = bool(stages)
-        """False for a head that holds no stage: it listens for ``shoal status`` only, and refuses sessions."""
-        self.is_last = self.serves and graphs[-1].head
-        self.hello = Hello(
-            node=node,
-            role="stage",
-            export_id=manifest.export_id if manifest is not None else "",
-            layer_start=graphs[0].layer_start if graphs else 0,
-            layer_stop=graphs[-1].layer_stop if graphs else 0,
-            is_last=self.is_last,
-        )
-        self._wire_dtype = wire_numpy_dtype(config.wire_dtype, stages[-1]) if stages else np.float32
+        self.successor: SuccessorLink | None = None
+        self._take(manifest, stages, config.stages, config.next)
         self.table = SessionTable(config.max_sessions, on_evict=self._evicted)
         self.heads: dict[int, FrameConnection] = {}
         self._connections: set[FrameConnection] = set()
+        self._ring_peers: set[FrameConnection] = set()
+        """The connections of heads and stages (not of control links or status clients)."""
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{node}")
         self._listener: Listener | None = None
@@ -100,19 +89,74 @@ class StageServer:
         """Who serves connections of the other roles (``member``: the fleet's control links), after their HELLO:
         one listening port per agent."""
         """More of ``status()``, from what runs beside the stages (the agent's chats)."""
-        self.successor: SuccessorLink | None = None
+
+    def _take(
+        self,
+        manifest: Manifest | None,
+        stages: Sequence[Stage],
+        indices: Sequence[int],
+        next_address: tuple[str, int] | None,
+    ) -> None:
+        """Serve ``stages`` (numbers ``indices``) of ``manifest``, passing on to ``next_address``."""
+        self.manifest = manifest
+        self.stages = stages
+        self.indices = tuple(indices)
+        graphs = [s.graph for s in stages]
+        self.serves = bool(stages)
+        """False for a head that holds no stage: it listens for ``shoal status`` only, and refuses sessions."""
+        self.is_last = self.serves and graphs[-1].head
+        self.hello = Hello(
+            node=self.node,
+            role="stage",
+            export_id=manifest.export_id if manifest is not None else "",
+            layer_start=graphs[0].layer_start if graphs else 0,
+            layer_stop=graphs[-1].layer_stop if graphs else 0,
+            is_last=self.is_last,
+        )
+        self._wire_dtype = wire_numpy_dtype(self.config.wire_dtype, stages[-1]) if stages else np.float32
+        self.successor = None
         if self.serves and not self.is_last:
-            if config.next is None:
-                raise ShoalError(f"stage(s) {config.stages} are not the last: the next stage's address is needed")
+            if next_address is None:
+                raise ShoalError(f"stage(s) {list(indices)} are not the last: the next stage's address is needed")
             self.successor = SuccessorLink(
-                config.next,
-                network,
+                next_address,
+                self._network,
                 self.hello,
                 on_frame=self._from_successor,
                 on_lost=self._successor_lost,
-                max_payload=config.max_payload,
-                liveness=config.liveness,
+                max_payload=self.config.max_payload,
+                liveness=self.config.liveness,
             )
+
+    async def serve(
+        self,
+        manifest: Manifest | None,
+        stages: Sequence[Stage],
+        indices: Sequence[int],
+        next_address: tuple[str, int] | None,
+    ) -> None:
+        """Serve other stages from now on (the fleet plan moved them): the sessions open here fail (their heads
+        replay them on the new ring), the link to the old next stage closes and one to the new opens."""
+        old = self.successor
+        reason = f"{self.node} now serves stage(s) {', '.join(map(str, indices)) or 'none'} (the fleet plan changed)"
+        for session in list(self.table.sessions):
+            state = self.table.pop(session)
+            if state is not None and state.upstream is not None:
+                await _send_quietly(state.upstream, ErrorReport("peer_lost", reason, self.node).to_frame(session))
+        self._take(manifest, stages, indices, next_address)
+        if old is not None:
+            await old.close()
+        if self.successor is not None and self._listener is not None:
+            self._spawn(self.successor.run())
+        for connection in list(self._ring_peers):
+            connection.abort()  # heads and stages of the old placement dial the ring the plan names now
+        self.heads.clear()
+        log.info(
+            "node=%s now serves stage(s) %s%s",
+            self.node,
+            ", ".join(map(str, indices)) or "none",
+            f" -> {next_address[0]}:{next_address[1]}" if self.successor is not None and next_address else "",
+        )
 
     @property
     def executor(self) -> ThreadPoolExecutor:
@@ -180,6 +224,8 @@ class StageServer:
             log.info("node=%s accepted %s %s (%s)", self.node, hello.role, hello.node, where)
             if hello.role == "head" and self.is_last:
                 self.heads[hello.head_id] = connection
+            if hello.role in ("head", "stage"):
+                self._ring_peers.add(connection)
             await self._serve(connection, watched=hello.role in ("head", "stage"))
         except RemoteProtocolError as exc:
             log.warning("node=%s dropped %s: protocol error: %s", self.node, where, exc)
@@ -188,6 +234,7 @@ class StageServer:
             log.warning("node=%s %s vanished: %s", self.node, where, exc)
         finally:
             self._connections.discard(connection)
+            self._ring_peers.discard(connection)
             if hello is not None and hello.role == "head" and self.heads.get(hello.head_id) is connection:
                 del self.heads[hello.head_id]
                 for session in self.table.of_head(hello.head_id):
@@ -476,7 +523,7 @@ class StageServer:
             "node": self.node,
             "export_id": self.manifest.export_id if self.manifest is not None else None,
             "layers": [self.hello.layer_start, self.hello.layer_stop],
-            "stages": list(self.config.stages),
+            "stages": list(self.indices),
             "is_last": self.is_last,
             "device": self.stages[0].device if self.serves else None,
             "rewind": ("compact" if self.stages[0].compact_rewind else "mask") if self.serves else None,

@@ -20,8 +20,9 @@ def greedy_tokens(
     drafter: Drafter | None = None,
     stats: DecodeStats | None = None,
     max_tokens: int = REFERENCE_TOKENS,
+    stop_ids: frozenset[int] = frozenset(),
 ) -> list[int]:
-    """``max_tokens`` greedy tokens (stop tokens ignored) from a fresh session of ``pipeline``."""
+    """``max_tokens`` greedy tokens (ending early only at ``stop_ids``) from a fresh session of ``pipeline``."""
 
     async def run() -> list[int]:
         target = LocalTarget(pipeline.new_session(), GREEDY)
@@ -32,7 +33,7 @@ def greedy_tokens(
                     target,
                     prompt,
                     max_tokens=max_tokens,
-                    stop_ids=frozenset(),
+                    stop_ids=stop_ids,
                     params=GREEDY,
                     context_tokens=2048,
                     drafter=drafter,

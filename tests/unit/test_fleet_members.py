@@ -179,6 +179,6 @@ def test_a_revoked_node_is_dropped_everywhere_and_can_no_longer_connect(
     with caplog.at_level(logging.WARNING):
         asyncio.run(main())
     messages = [r.getMessage() for r in caplog.records]
-    assert any("refused the revocation list from peer 127.0.0.1" in m for m in messages)
+    assert any("refused the revocation list from admin beta (peer 127.0.0.1" in m for m in messages)
     assert any("its certificate is on the fleet's revocation list" in m for m in messages)
     assert any("dropped" in m and "its certificate is revoked" in m for m in messages)  # open links closed

@@ -245,12 +245,16 @@ def test_a_much_faster_member_moves_a_stage_once_the_margin_is_beaten() -> None:
     # 15 % faster ring: not worth a download and a compile
     slightly = plan(doc(), needs(1.0, 1.0), [*members, cand(3, speed=5 * 1.15)], first)
     assert served(slightly) == served(first)
-    # twice as fast: the stage on the slow PC moves; the other stays
-    faster = plan(doc(), needs(1.0, 1.0), [*members, cand(3, speed=10)], first)
+    # twice as fast, but without the stage's files: it stands by for the slow stage and fetches them first
+    joined = plan(doc(), needs(1.0, 1.0), [*members, cand(3, speed=10)], first)
+    assert served(joined) == served(first) and joined.standbys_of(1) == (node(3),)
+    assert joined.assignments[1].reason == "kept on pc2, which serves it already"
+    # once it holds them (it announces its standby ready), the stage on the slow PC moves; the other stays
+    faster = plan(doc(), needs(1.0, 1.0), [*members, cand(3, speed=10, held=(1,))], joined)
     assert served(faster) == [node(1), node(3)]
     assert f"over {MOVE_MARGIN:.0%} slower with it on pc2" in faster.assignments[1].reason
     assert faster.assignments[0].reason == "kept on pc1, which serves it already"
-    assert faster.bottleneck == pytest.approx(0.1) and faster.epoch == 2
+    assert faster.bottleneck == pytest.approx(0.1) and faster.epoch == 3
 
 
 def test_members_holding_a_stages_files_are_preferred_within_the_margin() -> None:
@@ -306,8 +310,9 @@ def test_a_fast_flapping_member_is_on_probation_until_forgiven() -> None:
         assert current.node_of(0) != node(1) and node(1) in current.probation
         current = plan(doc(), stages, members, current)
         assert current.node_of(0) != node(1)  # back, but not trusted with a running stage
-    assert current.standbys_of(0) == (node(1),) or current.standbys_of(1) == (node(1),)
-    steady = plan(doc(), stages, members, forgive(current, [node(1)]))
+    assert current.standbys_of(0) == (node(1),)  # a spare stands by where the ring is slowest
+    # forgiven, and holding the stage's files (its standby is ready), it takes the stage back
+    steady = plan(doc(), stages, swap(members, 1, held=frozenset({0})), forgive(current, [node(1)]))
     assert steady.node_of(0) == node(1) and steady.probation == frozenset()
 
 
@@ -337,7 +342,10 @@ def test_a_member_on_probation_that_serves_changes_nothing_until_forgiven() -> N
     assert served(p) == [node(2), node(6), node(1), node(0)] and p.probation == {node(0), node(3)}
     again = plan(doc(per_stage=0), stages, members, p)
     assert (again.hash, again.epoch, again.probation) == (p.hash, p.epoch, p.probation)
-    assert served(plan(doc(per_stage=0), stages, members, forgive(p, [node(0)]))) != served(p)
+    # forgiven, it moves nothing before it holds a stage's files; then the ring gets faster
+    assert served(plan(doc(per_stage=0), stages, members, forgive(p, [node(0)]))) == served(p)
+    ready = swap(members, 0, held=frozenset({0, 2}))
+    assert served(plan(doc(per_stage=0), stages, ready, forgive(p, [node(0)]))) != served(p)
 
 
 def test_a_previous_plan_of_another_export_is_ignored() -> None:

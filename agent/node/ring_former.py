@@ -1,0 +1,247 @@
+"""``RingFormer``: the daemon part that makes this agent do what the fleet plan asks of it.
+
+The plan (``discovery.plan_service``) says, for every stage, which node serves it and which stand by. This
+part turns that into work on this PC, one step at a time, always towards the plan in force:
+
+- serving stage *s*: fetch the stage's files (``agent.node.shard_source``: only that stage), check them,
+  compile them, then serve them on the agent's port, linked to the node of stage *s* + 1;
+- standing by for stage *s*: the same fetch and compile, so that taking the stage over costs no download,
+  but no serving;
+- neither: drop what it held;
+- heading chats: fetch the tokenizer and the draft model, and hand them to the chat service.
+
+Each step is announced (``downloading``, ``compiling``, ``ready``, ``standby``), so that every member's plan
+status shows it, and a head sends its chats only once every stage of the plan is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.errors import ShoalError
+from agent.node.config import AgentConfig
+from agent.node.server import StageServer
+from agent.node.shard_source import ShardSource
+from agent.runtime.protocol import Stage
+from agent.transport.tasks import OwnedTasks
+from discovery.announcement import HeldStage
+from discovery.fleet_document import ModelSource
+from discovery.placement import Plan
+from discovery.plan_service import FleetPlanService
+from discovery.service import MembershipService
+from shards.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+RETRY = 2.0
+"""Seconds before trying again a step that failed (a download cut off, a next stage not known yet)."""
+
+
+class ChatHead(Protocol):
+    """The agent's chats (``agent.chat.service.ChatService``), as far as the plan concerns them."""
+
+    async def use_export(self, export_dir: Path, manifest: Manifest) -> None: ...
+
+
+@dataclass(frozen=True)
+class Duty:
+    """What the plan asks of this agent: serve ``stage`` (``serve``) or stand by for it."""
+
+    stage: int
+    serve: bool
+
+
+def duty_of(plan: Plan, node: str) -> Duty | None:
+    """What ``plan`` asks of ``node`` (None: nothing)."""
+    stage = plan.stage_of(node)
+    if stage is not None:
+        return Duty(stage, True)
+    standing = next((a.stage for a in plan.assignments if node in a.standbys), None)
+    return Duty(standing, False) if standing is not None else None
+
+
+@dataclass(frozen=True)
+class _Held:
+    export: str
+    index: int
+    stage: Stage
+
+
+class _NotYet(ShoalError):
+    """A step that must wait (told in the status, retried)."""
+
+
+class RingFormer:
+    """Applies the fleet plan to this agent; a ``DaemonPart`` named ``ring``."""
+
+    name = "ring"
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        plan: FleetPlanService,
+        membership: MembershipService,
+        server: StageServer,
+        source: ShardSource,
+        chats: ChatHead | None = None,
+        *,
+        compile_stage: Callable[[Path, Manifest, int], Stage] | None = None,
+    ) -> None:
+        """``compile_stage(folder, manifest, index)``: compiles one stage (blocking; default: OpenVINO's
+        ``CompiledStage`` with the agent's runtime settings)."""
+        self.config = config
+        self.plan = plan
+        self.membership = membership
+        self.server = server
+        self.source = source
+        self.chats = chats
+        self._compile = compile_stage or self._compile_stage
+        self._tasks = OwnedTasks()
+        self._held: _Held | None = None
+        self._head_export: str | None = None
+        self._serving: tuple[str, int, tuple[str, int] | None] | None = None
+        """(export, stage, next address) the server serves now."""
+        self.activity = "waiting for the fleet document"
+        self.progress: dict[str, Any] | None = None
+        """The download in progress: ``{"stage", "done", "total"}`` bytes (for the status and the TUI)."""
+        self.error: str | None = None
+
+    @property
+    def roles(self) -> dict[str, Any]:
+        return {}
+
+    async def start(self, ring: tuple[str, int]) -> None:
+        self._tasks.spawn(self._run())
+
+    async def stop(self) -> None:
+        await self._tasks.cancel_all()
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        changed = self.plan.changed
+        while True:
+            changed.clear()
+            try:
+                await self._converge()
+                self.error = None
+            except ShoalError as exc:
+                if str(exc) != self.error:
+                    log.log(
+                        logging.INFO if isinstance(exc, _NotYet) else logging.WARNING,
+                        "node=%s %s",
+                        self.server.node,
+                        exc,
+                    )
+                self.error = str(exc)
+                await asyncio.sleep(RETRY)
+                changed.set()
+            await changed.wait()
+
+    async def _converge(self) -> None:
+        """One pass towards the plan in force (a plan that changes meanwhile gets the next pass)."""
+        model, manifest, record = self.plan.model, self.plan.manifest, self.plan.record
+        if model is None or manifest is None:
+            self.activity = "waiting for the fleet document" if model is None else f"reading the manifest of {model}"
+            await self._unserve(None)
+            return
+        if self.chats is not None and self._head_export != manifest.export_id:
+            self.activity = "fetching the tokenizer and draft model"
+            folder = await self._fetch(model, (), head=True)
+            await self.chats.use_export(folder, manifest)
+            self._head_export = manifest.export_id
+        if record is None:
+            self.activity = "waiting for the plan"
+            return
+        duty = duty_of(record.plan, self.plan.me)
+        if duty is None:
+            self.activity = "serving no stage (the plan needs no more PCs)"
+            await self._unserve(manifest)
+            self._held = None
+            await self._announce(())
+            return
+        stage = await self._hold(model, manifest, duty.stage)
+        if not duty.serve:
+            await self._unserve(manifest)
+            self.activity = f"standing by for stage {duty.stage}"
+            await self._announce((HeldStage(duty.stage, "standby"),))
+            return
+        next_address = self._next_address(record.plan, duty.stage)
+        wanted = (manifest.export_id, duty.stage, next_address)
+        if self._serving != wanted:
+            await self.server.serve(manifest, [stage], [duty.stage], next_address)
+            self._serving = wanted
+        self.activity = f"serving stage {duty.stage}"
+        await self._announce((HeldStage(duty.stage, "ready"),))
+
+    async def _hold(self, model: ModelSource, manifest: Manifest, index: int) -> Stage:
+        """Stage ``index`` of ``manifest``, compiled (fetched first if it is not held already)."""
+        held = self._held
+        if held is not None and held.export == manifest.export_id and held.index == index:
+            return held.stage
+        if self._serving is not None and self._serving[1] != index:
+            await self._unserve(manifest)
+        self._held = None  # free the old stage's memory before the new one loads
+        await self._announce((HeldStage(index, "downloading"),))
+        self.activity = f"fetching stage {index}"
+        folder = await self._fetch(model, (index,), head=False)
+        await self._announce((HeldStage(index, "compiling"),))
+        self.activity = f"compiling stage {index}"
+        loop = asyncio.get_running_loop()
+        stage = await loop.run_in_executor(None, self._compile, folder, manifest, index)
+        self._held = _Held(manifest.export_id, index, stage)
+        log.info("node=%s stage %d of export %s fetched and compiled", self.server.node, index, manifest.export_id)
+        return stage
+
+    async def _fetch(self, model: ModelSource, stages: tuple[int, ...], *, head: bool) -> Path:
+        loop = asyncio.get_running_loop()
+        label = "head files" if head else f"stage {stages[0]}"
+
+        def progress(done: int, total: int) -> None:
+            self.progress = {"what": label, "done": done, "total": total}
+
+        try:
+            return await loop.run_in_executor(None, lambda: self.source.fetch(model, stages, head, progress))
+        finally:
+            self.progress = None
+
+    def _compile_stage(self, folder: Path, manifest: Manifest, index: int) -> Stage:
+        from agent.runtime.stage import CompiledStage
+
+        return CompiledStage(folder, manifest.stages[index], manifest.weights, self.config.runtime)
+
+    def _next_address(self, plan: Plan, stage: int) -> tuple[str, int] | None:
+        if stage == len(plan.assignments) - 1:
+            return None
+        node = plan.node_of(stage + 1)
+        if node is None:
+            raise _NotYet(f"stage {stage + 1} is uncovered: stage {stage} waits for a node to pass its work to")
+        address = self.membership.address_of(node)
+        if address is None:
+            raise _NotYet(f"the address of {node} (stage {stage + 1}) is not known yet")
+        host, port = address
+        return ("127.0.0.1" if host in ("0.0.0.0", "") else host, port)
+
+    async def _unserve(self, manifest: Manifest | None) -> None:
+        if self._serving is not None:
+            await self.server.serve(manifest, [], [], None)
+            self._serving = None
+
+    async def _announce(self, stages: tuple[HeldStage, ...]) -> None:
+        if self.membership.me.stages != stages:
+            await self.membership.announce(stages=stages)
+
+    def status(self) -> dict[str, Any]:
+        """The ``ring`` section of the agent's status: what this agent does for the plan."""
+        held = self._held
+        return {
+            "activity": self.activity,
+            "held": None if held is None else {"export": held.export, "stage": held.index},
+            "serving": None if self._serving is None else self._serving[1],
+            "download": self.progress,
+            "error": self.error,
+        }

@@ -1,0 +1,342 @@
+"""``FleetPlanService``: the daemon part that keeps the plan this agent follows, the same on every member.
+
+How agents converge on one plan while their views of the fleet differ for a moment: **one coordinator
+plans, everyone follows it.** The coordinator is the longest-running member (the smallest announced start
+time, then the smallest node id: :func:`coordinator_of`), as each agent sees its members. It plans with
+``discovery.placement.plan`` from its own view, whenever an input changes (the fleet document, the export's
+stages, the members' announcements and states), and sends the plan to every member on the control channel
+(``discovery.control.PlanOffer``), again every :data:`REPEAT` seconds for links that came up since. Every
+other agent follows the plan of the member it takes for the coordinator, once it holds the same fleet
+document and export; until then it keeps what it followed.
+
+Why the longest-running member: a PC that joins never takes the coordinator's place, so a running fleet's
+plan (and its hysteresis: ``previous``) is never replaced by the blank plan of a newcomer. When the
+coordinator leaves, the next one plans on from the plan it followed. Two members that briefly see different
+coordinators (a partition) each follow their own side's; once the views meet, they agree on one again
+(``tests/lab/test_plan_lab.py`` checks this while members join and leave).
+
+Planning is a pure function of what this service gathers; it reads the clock only for :func:`forgive`
+(a member on probation is forgiven after :data:`FORGIVE_AFTER` seconds as a steady member).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import PeerUnavailableError, RemoteProtocolError, ShoalError
+from agent.transport.tasks import OwnedTasks
+from discovery import control
+from discovery.fleet_document import FleetDocument, ModelSource
+from discovery.membership import Membership, MemberState
+from discovery.placement import Candidate, Plan, StageNeed, candidates, forgive, plan, stage_needs
+from discovery.plan_codec import PlanRecord
+from discovery.service import MembershipService
+from shards.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+TICK = 0.25
+"""Seconds between two looks at the plan's inputs."""
+REPEAT = 2.0
+"""Seconds between two sends of an unchanged plan (members whose link came up since get it)."""
+FORGIVE_AFTER = 60.0
+"""Seconds a member on probation must stay a steady member before it counts for the ring's speed again."""
+MANIFEST_RETRY = 5.0
+
+
+def coordinator_of(membership: Membership) -> str:
+    """The node that plans: the longest-running of this agent and its members (smallest start time, then node
+    id). Members lost, gone, foreign or revoked do not count."""
+    running = [membership.me] + [m.announcement for m in membership.in_state(MemberState.MEMBER)]
+    return min(running, key=lambda a: (a.started, a.node)).node
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a head sends a chat's steps (stage 0) and where its answers come from (the last stage)."""
+
+    first: tuple[str, int]
+    last: tuple[str, int]
+    nodes: tuple[str, ...]
+    """The node of each stage, in order."""
+
+
+class RingNotReady(PeerUnavailableError):
+    """The plan's ring cannot answer yet; the message says which stage waits for what."""
+
+
+class FleetPlanService:
+    """Follows (or, as the coordinator, makes) the fleet's plan; a ``DaemonPart`` named ``plan``."""
+
+    name = "plan"
+
+    def __init__(
+        self,
+        membership: MembershipService,
+        load_manifest: Callable[[ModelSource], Awaitable[Manifest]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``load_manifest(model)``: the manifest of the model the fleet document names (a Hub download or a
+        local export: the daemon's business)."""
+        self.membership = membership
+        self._load_manifest = load_manifest
+        self._clock = clock
+        self._tasks = OwnedTasks()
+        self.model: ModelSource | None = None
+        self.manifest: Manifest | None = None
+        self.needs: tuple[StageNeed, ...] = ()
+        self.record: PlanRecord | None = None
+        """The plan this agent follows (None: none yet)."""
+        self._offers: dict[str, PlanRecord] = {}
+        """The last plan each member sent."""
+        self._inputs: tuple[Any, ...] | None = None
+        self._sent_at = 0.0
+        self._steady_since: dict[str, float] = {}
+        self._manifest_error: str | None = None
+        self.listeners: list[Callable[[], None]] = []
+        """Called after the plan, the model or the manifest changed (``agent.node.ring_former``)."""
+        self.changed = asyncio.Event()
+
+    @property
+    def roles(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def me(self) -> str:
+        return self.membership.me.node
+
+    @property
+    def document(self) -> FleetDocument | None:
+        return self.membership.fleet.current if self.membership.fleet is not None else None
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.record.plan if self.record is not None else None
+
+    # -- life cycle ----------------------------------------------------------------------------
+    async def start(self, ring: tuple[str, int]) -> None:
+        self.membership.on_plan = self._offered
+        self._tasks.spawn(self._run())
+
+    async def stop(self) -> None:
+        self.membership.on_plan = None
+        await self._tasks.cancel_all()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(ShoalError):
+                await self._model_step()
+            self._plan_step()
+            await asyncio.sleep(TICK)
+
+    # -- the model -----------------------------------------------------------------------------
+    async def _model_step(self) -> None:
+        document = self.document
+        model = document.model if document is not None else None
+        if model == self.model and (self.manifest is not None or model is None):
+            return
+        if model != self.model:
+            self.model, self.manifest, self.needs, self._manifest_error = model, None, (), None
+            self._notify()
+        if model is None:
+            return
+        try:
+            manifest = await self._load_manifest(model)
+        except ShoalError as exc:
+            if str(exc) != self._manifest_error:
+                log.warning("node=%s cannot read the manifest of %s: %s (retrying)", self.me, model, exc)
+            self._manifest_error = str(exc)
+            await asyncio.sleep(MANIFEST_RETRY)
+            raise
+        if model != self.model:  # the document changed while the manifest came
+            return
+        self.manifest, self.needs, self._manifest_error = manifest, stage_needs(manifest), None
+        log.info(
+            "node=%s the fleet serves %s: export %s, %d stages",
+            self.me,
+            model,
+            manifest.export_id,
+            len(manifest.stages),
+        )
+        self._notify()
+
+    # -- the plan ------------------------------------------------------------------------------
+    def _plan_step(self) -> None:
+        document, manifest = self.document, self.manifest
+        if document is None or manifest is None:
+            return
+        state = self.membership.state
+        coordinator = coordinator_of(state)
+        if coordinator == self.me:
+            self._coordinate(document, manifest, candidates(state))
+            return
+        offer = self._offers.get(coordinator)
+        if offer is None or offer.document != document.version or offer.export != manifest.export_id:
+            return
+        record = self.record
+        if record is None or offer.plan.hash != record.plan.hash or offer.coordinator != record.coordinator:
+            self._follow(offer, f"coordinator {self._names().get(coordinator, coordinator)}")
+        elif offer.plan.epoch != record.plan.epoch:
+            self.record = offer
+
+    def _coordinate(self, document: FleetDocument, manifest: Manifest, members: tuple[Candidate, ...]) -> None:
+        previous = self.record.plan if self.record is not None and self.record.export == manifest.export_id else None
+        if previous is not None:
+            previous = self._forgiven(previous, members)
+        inputs = (document.version, manifest.export_id, members, previous.probation if previous else None)
+        now = self._clock()
+        if inputs != self._inputs or self.record is None or self.record.coordinator != self.me:
+            self._inputs = inputs
+            new = plan(document, self.needs, members, previous)
+            record = PlanRecord(new, self.me, document.version, manifest.export_id)
+            if self.record is None or record.plan.hash != self.record.plan.hash or self.record.coordinator != self.me:
+                self._follow(record, "this agent (the coordinator)")
+                self._sent_at = 0.0
+            else:
+                self.record = record
+        if now - self._sent_at >= REPEAT and self.record is not None:
+            self._sent_at = now
+            self.membership.broadcast(control.PlanOffer(self.record.to_json()))
+
+    def _forgiven(self, previous: Plan, members: tuple[Candidate, ...]) -> Plan:
+        """``previous`` with the members forgiven that have been steady for :data:`FORGIVE_AFTER` seconds."""
+        now = self._clock()
+        steady = {c.node for c in members if c.assignable}
+        self._steady_since = {n: self._steady_since.get(n, now) for n in previous.probation if n in steady}
+        done = [n for n, since in self._steady_since.items() if now - since >= FORGIVE_AFTER]
+        return forgive(previous, done) if done else previous
+
+    def _follow(self, record: PlanRecord, source: str) -> None:
+        names = self._names()
+        placed = ", ".join(
+            f"{a.stage}:{names.get(a.node, a.node) if a.node else 'uncovered'}" for a in record.plan.assignments
+        )
+        log.info(
+            "node=%s plan %s epoch %d (document %d) from %s: %s",
+            self.me,
+            record.plan.hash[:12],
+            record.plan.epoch,
+            record.document,
+            source,
+            placed,
+        )
+        for outcome in record.plan.pins:
+            if not outcome.honoured:
+                log.warning(
+                    "node=%s pin of %s on stage %d not honoured: %s",
+                    self.me,
+                    outcome.pin.node,
+                    outcome.pin.stage,
+                    outcome.reason,
+                )
+        self.record = record
+        self._notify()
+
+    def _offered(self, sender: str, data: dict[str, Any]) -> None:
+        try:
+            record = PlanRecord.from_json(data)
+        except RemoteProtocolError as exc:
+            log.warning("node=%s ignored a plan from %s: %s", self.me, sender, exc)
+            return
+        if record.coordinator != sender:
+            log.warning("node=%s ignored a plan from %s naming %s its coordinator", self.me, sender, record.coordinator)
+            return
+        self._offers[sender] = record
+
+    def _notify(self) -> None:
+        self.changed.set()
+        for listener in self.listeners:
+            listener()
+
+    # -- what the rest of the agent asks -------------------------------------------------------
+    def _names(self) -> dict[str, str]:
+        state = self.membership.state
+        names = {node: m.announcement.name for node, m in state.members.items()}
+        names[state.me.node] = state.me.name
+        return names
+
+    def held_state(self, node: str, stage: int) -> str | None:
+        """What ``node`` announces of ``stage`` (downloading, compiling, ready, standby), None: nothing."""
+        state = self.membership.state
+        announcement = state.me if node == state.me.node else (m.announcement if (m := state.get(node)) else None)
+        if announcement is None:
+            return None
+        return next((s.state for s in announcement.stages if s.index == stage), None)
+
+    def route(self) -> Route:
+        """Where a chat goes through the plan's ring; :class:`RingNotReady` saying why it cannot yet."""
+        record = self.record
+        if self.model is None:
+            raise RingNotReady("the fleet serves no model yet (the admin runs `shoal fleet serve`)")
+        if self.manifest is None or record is None:
+            raise RingNotReady(f"the fleet serves {self.model}; this agent has no plan for it yet")
+        names = self._names()
+        nodes = []
+        for a in record.plan.assignments:
+            if a.node is None:
+                raise RingNotReady(f"stage {a.stage} is uncovered: {a.reason}")
+            held = self.held_state(a.node, a.stage)
+            if held != "ready":
+                raise RingNotReady(f"stage {a.stage} on {names.get(a.node, a.node)} is {held or 'not started'}")
+            nodes.append(a.node)
+        first, last = self.membership.address_of(nodes[0]), self.membership.address_of(nodes[-1])
+        if first is None or last is None:
+            raise RingNotReady("the plan names a member whose address this agent does not know")
+        return Route(_reachable(first), _reachable(last), tuple(nodes))
+
+    def status(self) -> dict[str, Any]:
+        """The ``plan`` section of the agent's status."""
+        record, names = self.record, self._names()
+        document = self.document
+        base: dict[str, Any] = {
+            "document": document.version if document is not None else 0,
+            "model": str(self.model) if self.model is not None else None,
+            "export": self.manifest.export_id if self.manifest is not None else None,
+            "manifest_error": self._manifest_error,
+            "coordinator": names.get(coordinator_of(self.membership.state)),
+        }
+        if record is None:
+            return {**base, "hash": None, "stages": [], "pins": []}
+        try:
+            self.route()
+            ready, waiting = True, None
+        except RingNotReady as exc:
+            ready, waiting = False, str(exc)
+        return {
+            **base,
+            "hash": record.plan.hash,
+            "epoch": record.plan.epoch,
+            "planned_by": names.get(record.coordinator, record.coordinator),
+            "planned_for": record.document,
+            "complete": record.plan.complete,
+            "ready": ready,
+            "waiting": waiting,
+            "bottleneck": round(record.plan.bottleneck, 3),
+            "stages": [
+                {
+                    "stage": a.stage,
+                    "node": a.node,
+                    "name": names.get(a.node) if a.node else None,
+                    "state": self.held_state(a.node, a.stage) if a.node else "uncovered",
+                    "standbys": [
+                        {"node": n, "name": names.get(n), "state": self.held_state(n, a.stage)} for n in a.standbys
+                    ],
+                    "reason": a.reason,
+                }
+                for a in record.plan.assignments
+            ],
+            "pins": record.to_json()["pins"],
+        }
+
+
+def _reachable(address: tuple[str, int]) -> tuple[str, int]:
+    """An address a peer can dial: an agent listening on every interface is reached on loopback from itself."""
+    host, port = address
+    return ("127.0.0.1" if host in ("0.0.0.0", "") else host, port)
