@@ -1,10 +1,15 @@
-"""``shoal demo``: the built-in default fleet on this one PC.
+"""``shoal demo``: the built-in default fleet on this one PC, a fleet that forms itself.
 
-Exports SmolLM2-135M-Instruct into stage shards (once; reused afterwards), creates a demo fleet
-CA and node certificates, starts one ``shoal agent`` per stage on loopback, and asks the agent of
-stage 0 (the PC the user sits at) for an answer: it heads the conversation, computing stage 0
-in-process and driving the ring with speculative decoding, as ``shoal ask`` would. Then it shows
-every stage's status and stops.
+Exports SmolLM2-135M-Instruct into stage shards (once; reused afterwards) and creates a demo fleet CA and
+node certificates. Then it starts one ``shoal agent`` per stage on loopback with nothing but its identity
+(the first agent is the others' seed: loopback carries no multicast, and the demo must not multicast onto a
+real network), and names the export as the fleet's model (``shoal fleet serve``). The agents do the rest:
+the coordinator plans, each agent checks and compiles the stage the plan gives it and links to the next,
+and once every stage is ready the first agent (the PC the user sits at) heads the conversation through
+the plan's ring, with speculative decoding, as ``shoal ask`` would. Then it shows the plan and stops.
+
+The agents keep the fleet document in their identity folders and OpenVINO keeps the compiled stages in its
+cache, so a second run forms the ring in seconds.
 """
 
 from __future__ import annotations
@@ -12,18 +17,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
 from agent.cli.ask_cmd import answer_summary, stream_chat
 from agent.cli.common import exit_on_sigterm
-from agent.fleet import FleetPaths, init_fleet, issue_node
-from agent.node.launcher import launch_ring
+from agent.cli.plan_cmd import print_plan
+from agent.errors import RingError
+from agent.fleet import FleetPaths, NodeIdentity, init_fleet, issue_node
+from agent.node.launcher import LocalAgent, launch_fleet
 
 # Greedy SmolLM2-135M loops on some prompts (the one before this, on a one-thread Xeon with AMX, repeated
 # a made-up name to the token limit); this one ends in a sentence there.
 DEFAULT_PROMPT = "What are the benefits of running a language model on computers you already own? Answer briefly."
+FORM_TIMEOUT = 300.0
+"""Seconds the demo waits for the ring to form (a first run compiles every stage on this PC's cores)."""
 
 
 def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
@@ -34,25 +45,23 @@ def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
     fleet_dir = data_dir / "demo-fleet"
     if not FleetPaths(fleet_dir).ca_cert.exists():
         init_fleet(fleet_dir, name="shoal-demo")
-    identities = [_identity(fleet_dir, f"demo-stage{i}") for i in range(args.stages)]
-    head = _identity(fleet_dir, "demo-head")
+    identities = [_identity(fleet_dir, f"demo-pc{i + 1}") for i in range(args.stages)]
+    admin = NodeIdentity.load(_identity(fleet_dir, "demo-admin"))
     print(f"starting {args.stages} agents on loopback (mutual TLS, fleet {fleet_dir}) ...", file=sys.stderr)
     chat_file = data_dir / "demo-chat.json"
-    agents = launch_ring(
-        args.out, identities, cache_dir, extra_args=["--threads", "1", "--no-verify"], chat_file=chat_file
-    )
+    started = time.monotonic()
+    agents = launch_fleet(identities, cache_dir, extra_args=["--threads", "1"], chat_file=chat_file)
     try:
         for agent in agents:
-            print(
-                f"  stage {agent.stage}: agent pid {agent.process.pid} on {agent.address[0]}:{agent.address[1]}",
-                file=sys.stderr,
-            )
+            print(f"  agent pid {agent.process.pid} on {agent.address[0]}:{agent.address[1]}", file=sys.stderr)
+        asyncio.run(_serve_export(fleet_dir, Path(args.out), agents[0], admin))
+        plan = asyncio.run(_wait_for_ring(agents, admin, started))
         endpoint = ChatEndpoint.load(chat_file)
-        print(f"asking the agent of stage 0 (chat endpoint {endpoint.host}:{endpoint.port}) ...", file=sys.stderr)
+        print(f"asking the first agent (chat endpoint {endpoint.host}:{endpoint.port}) ...", file=sys.stderr)
         request = ChatRequest(token=endpoint.token, messages=(("user", args.prompt),), max_tokens=args.max_tokens)
         done = asyncio.run(stream_chat(endpoint, request))
         print(f"[{answer_summary(done)} (n-gram drafts), through {len(agents)} agents]", file=sys.stderr)
-        asyncio.run(_show_status([a.address for a in agents], head))
+        print_plan(plan)
     finally:
         for agent in agents:
             agent.stop()
@@ -66,26 +75,49 @@ def _identity(fleet_dir: Path, node: str) -> Path:
     return folder
 
 
-async def _show_status(addresses: list[tuple[str, int]], identity_dir: Path) -> None:
-    from agent.cli.status_cmd import fetch_status
-    from agent.fleet import NodeIdentity
+async def _serve_export(fleet_dir: Path, export_dir: Path, first: LocalAgent, admin: NodeIdentity) -> None:
+    """Name the export as the fleet's model (a new fleet document only if it names another), and hand the
+    document to the first agent, which gossips it to the others."""
+    from discovery import control
+    from discovery.admin import current_fleet_document, edit_fleet_document, push_document
+    from discovery.fleet_document import ModelSource, serving
 
-    identity = NodeIdentity.load(identity_dir)
-    for address in addresses:
-        s = await fetch_status(address, identity)
-        layers = s["layers"]
-        chat = s.get("chat")
-        own = (
-            f"; for its own chats {chat['local_steps']} steps, {chat['local_compute_seconds']:.2f} s, "  # type: ignore[index]
-            f"{chat['kept']} kept for the conversation's next turn"  # type: ignore[index]
-            if isinstance(chat, dict)
-            else ""
-        )
-        parked_value = s.get("parked", 0)
-        open_, parked = len(s["sessions"]), parked_value if isinstance(parked_value, int) else 0  # type: ignore[arg-type]
-        held = f"{open_} session{'s' if open_ != 1 else ''} open" + (f" ({parked} parked)" if parked else "")
-        print(
-            f"  {s['node']}: layers {layers[0]}-{layers[1] - 1}, {s['steps_served']} steps, "  # type: ignore[index]
-            f"{s['compute_seconds']:.2f} s computing{own}, {held}",
-            file=sys.stderr,
-        )
+    model = ModelSource(export_dir=str(export_dir.resolve()))
+    document = current_fleet_document(fleet_dir)
+    if document.model != model:
+        document, _ = edit_fleet_document(fleet_dir, lambda doc, now: serving(doc, model, now))
+        print(f"fleet document version {document.version}: the fleet serves {model}", file=sys.stderr)
+    signed = (fleet_dir / "fleet-document.json").read_bytes()
+    await push_document(first.address, admin, control.FleetDocumentOffer(signed))
+
+
+async def _wait_for_ring(agents: list[LocalAgent], admin: NodeIdentity, started: float) -> dict[str, Any]:
+    """The first agent's plan once its ring is ready, telling each step of the agents on the way."""
+    from agent.cli.status_cmd import StatusLink
+
+    link = await StatusLink.open(agents[0].address, admin)
+    told = ""
+    try:
+        deadline = time.monotonic() + FORM_TIMEOUT
+        while time.monotonic() < deadline:
+            plan = (await link.get()).get("plan")
+            if isinstance(plan, dict):
+                stages = ", ".join(
+                    f"stage {s['stage']} {s['name']}: {s['state'] or 'starting'}" for s in plan["stages"]
+                )
+                line = stages or plan.get("waiting") or "waiting for the plan"
+                if line != told:
+                    print(f"  [{time.monotonic() - started:5.1f} s] {line}", file=sys.stderr)
+                    told = line
+                if plan.get("ready"):
+                    print(
+                        f"the ring formed {time.monotonic() - started:.1f} s after the agents started", file=sys.stderr
+                    )
+                    return plan
+            for agent in agents:
+                if agent.process.poll() is not None:
+                    raise RingError(f"an agent stopped (exit {agent.process.returncode}):\n{agent.log_text()[-3000:]}")
+            await asyncio.sleep(0.25)
+    finally:
+        await link.close()
+    raise RingError(f"the ring did not form within {FORM_TIMEOUT:.0f} s:\n{agents[0].log_text()[-3000:]}")

@@ -171,6 +171,43 @@ def launch_ring(
     return agents
 
 
+def launch_fleet(
+    identity_dirs: list[Path],
+    cache_dir: Path,
+    *,
+    extra_args: list[str] | None = None,
+    chat_file: Path | None = None,
+    log_dir: Path | None = None,
+    python: str = sys.executable,
+) -> list[LocalAgent]:
+    """Agents of a self-forming fleet on loopback, with nothing but their identities: the first is every other
+    one's seed (``--peer``; loopback carries no multicast). ``chat_file``: the first also heads chats."""
+    agents: list[LocalAgent] = []
+    try:
+        for index, identity in enumerate(identity_dirs):
+            args = list(extra_args or [])
+            if index == 0 and chat_file is not None:
+                args += ["--chat", "127.0.0.1:0", "--chat-file", str(chat_file)]
+            if agents:
+                args += ["--peer", f"{agents[0].address[0]}:{agents[0].address[1]}"]
+            agents.append(
+                launch_agent(
+                    None,
+                    None,
+                    identity,
+                    cache_dir,
+                    extra_args=args,
+                    log_path=None if log_dir is None else log_dir / f"agent-{identity.name}.log",
+                    python=python,
+                )
+            )
+    except BaseException:
+        for agent in agents:
+            agent.stop()
+        raise
+    return agents
+
+
 def _watch_stdout(process: subprocess.Popen[str], lines: queue.Queue[str | None], waiting: threading.Event) -> None:
     """Hand the agent's stdout lines to ``launch_agent`` while it waits for the ready line, then drain the pipe."""
     assert process.stdout is not None
