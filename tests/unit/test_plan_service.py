@@ -1,0 +1,91 @@
+"""The fleet plan's pure parts: who coordinates, the plan on the wire, what a plan asks of an agent."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+
+import pytest
+
+from agent.errors import RemoteProtocolError
+from agent.node.ring_former import Duty, duty_of
+from discovery import control
+from discovery.announcement import Announcement
+from discovery.fleet_document import Pin
+from discovery.membership import Member, Membership, MemberState, Source
+from discovery.placement import Assignment, PinOutcome, Plan
+from discovery.plan_codec import PlanRecord
+from discovery.plan_service import coordinator_of
+
+FLEET = "0123456789abcdef"
+
+
+def node(n: int) -> str:
+    return f"{n:012x}"
+
+
+def announce(n: int, started: int) -> Announcement:
+    return Announcement(node(n), f"pc{n}", FLEET, "sha256:" + f"{n:064x}", "0.1.0", 5, 7100, f"{n:08x}", started)
+
+
+def fleet(me: Announcement, *others: tuple[Announcement, MemberState]) -> Membership:
+    members = {a.node: Member(a, state, "10.0.0.1", frozenset({Source.SEED}), 1.0) for a, state in others}
+    return Membership(me, members=MappingProxyType(members))
+
+
+def test_the_longest_running_member_coordinates_and_a_newcomer_never_takes_over() -> None:
+    old, newer, newest = announce(9, 100), announce(1, 200), announce(0, 300)
+    # the same coordinator, whichever agent looks
+    assert coordinator_of(fleet(newest, (old, MemberState.MEMBER), (newer, MemberState.MEMBER))) == old.node
+    assert coordinator_of(fleet(old, (newer, MemberState.MEMBER), (newest, MemberState.MEMBER))) == old.node
+    # a lost coordinator is replaced by the next oldest; a tie in start time goes to the smaller node id
+    assert coordinator_of(fleet(newest, (old, MemberState.LOST), (newer, MemberState.MEMBER))) == newer.node
+    twin = replace(newer, node=node(2), fingerprint="sha256:" + "2" * 64)
+    assert coordinator_of(fleet(twin, (newer, MemberState.MEMBER))) == newer.node
+    # members not verified, gone, foreign or revoked never coordinate
+    for state in (MemberState.UNVERIFIED, MemberState.GONE, MemberState.FOREIGN, MemberState.REVOKED):
+        assert coordinator_of(fleet(newest, (old, state))) == newest.node
+
+
+def plan_of_three() -> Plan:
+    return Plan(
+        (
+            Assignment(0, node(1), (node(4),), "given to pc1"),
+            Assignment(1, node(2), (), "kept on pc2"),
+            Assignment(2, None, (), "no member can hold it"),
+        ),
+        (PinOutcome(Pin("pc2", 1, True), True, "stage 1 on pc2 (required)"),),
+        epoch=3,
+        bottleneck=0.5,
+        probation=frozenset({node(7)}),
+    )
+
+
+def test_a_plan_travels_whole_and_is_checked_by_its_hash() -> None:
+    record = PlanRecord(plan_of_three(), node(1), 4, "78a29e567c0daa0c")
+    frame = control.to_frame(control.PlanOffer(record.to_json()))
+    message = control.from_frame(frame)
+    assert isinstance(message, control.PlanOffer)
+    again = PlanRecord.from_json(message.plan)
+    assert again == record and again.plan.hash == record.plan.hash
+    tampered = record.to_json()
+    tampered["assignments"][1]["node"] = node(3)
+    with pytest.raises(RemoteProtocolError, match="hash"):
+        PlanRecord.from_json(tampered)
+    for broken in ({**record.to_json(), "schema": 2}, {**record.to_json(), "epoch": "3"}, {"schema": 1}):
+        with pytest.raises(RemoteProtocolError, match="malformed plan"):
+            PlanRecord.from_json(broken)
+
+
+def test_signed_documents_travel_as_base64_and_hello_tells_both_versions() -> None:
+    for message in (control.FleetDocumentOffer(b"\x00signed"), control.Revocations(b"list")):
+        assert control.from_frame(control.to_frame(message)) == message
+    hello = control.Hello(announce(1, 100), 5.0, revocations=2, fleet=7)
+    assert control.from_frame(control.to_frame(hello)) == hello
+
+
+def test_what_a_plan_asks_of_an_agent() -> None:
+    plan = plan_of_three()
+    assert duty_of(plan, node(1)) == Duty(0, serve=True)
+    assert duty_of(plan, node(4)) == Duty(0, serve=False)
+    assert duty_of(plan, node(9)) is None
