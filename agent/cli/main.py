@@ -307,8 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--identity", type=Path, default=None, help="this PC's identity folder (to reach --push)")
 
     from agent.cli.plan_cmd import add_plan_commands
+    from agent.cli.publish_cmd import add_publish_command
 
     add_plan_commands(sub, fleet)
+    add_publish_command(sub)
     p = sub.add_parser("join", help="enroll this PC in a fleet with a join token (from `shoal fleet token`)")
     p.add_argument("address", metavar="TOKEN@HOST:PORT", help="the token and the enrollment server's address")
     p.add_argument("--name", default=None, help="this PC's node name (default: its host name)")
@@ -369,6 +371,10 @@ def _run_command(args: argparse.Namespace, cache_dir: Path) -> int:
         from agent.cli.plan_cmd import run_plan_command
 
         return run_plan_command(args, default_data_dir())
+    if args.command == "publish":
+        from agent.cli.publish_cmd import run_publish
+
+        return run_publish(args)
     if args.command == "fleet":
         from agent.cli.fleet_cmd import run_fleet
 

@@ -26,7 +26,6 @@ from agent.head.chat import ChatTokenizer
 from agent.node.launcher import LocalAgent, launch_agent
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.stage import LocalPipeline
-from shards.hub.publish import publish_to_mirror
 from shards.manifest import Manifest
 from tests.integration.local_decode import greedy_tokens
 from tests.integration.netlab import NetLab
@@ -166,8 +165,10 @@ def test_four_agents_with_only_an_identity_form_the_ring_from_a_mirror_and_fail_
     reference = greedy_tokens(pipeline, ids, max_tokens=MAX_TOKENS, stop_ids=tokenizer.stop_ids)
 
     mirror = OlahMirror(tmp_path / "mirror", host=lab.ip(MIRROR_HOST), command_prefix=lab.command(MIRROR_HOST, []))
-    commit = publish_to_mirror(folder, mirror.root / "mirrors", REPO)
     fleet = Fleet(lab, tmp_path, cache_dir, mirror.endpoint)
+    published = fleet.shoal(MIRROR_HOST, "publish", folder, REPO, "--mirror", mirror.root / "mirrors")
+    assert published.returncode == 0, published.stderr
+    commit = published.stdout.split(f"{REPO}@")[1].split()[0]
     mirror.start()
     try:
         began = time.monotonic()
