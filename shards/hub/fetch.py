@@ -1,0 +1,426 @@
+"""Fetch stage shards from the Hugging Face Hub or an office mirror, each file checked against the manifest.
+
+An agent downloads only what it needs (:class:`ShardRequest`): the files of the stages it serves and, when it
+heads chats, the tokenizer with its chat-template files and the draft graph; always ``manifest.json``, which
+lists them all with their size and sha256. The revision is pinned to a commit, so every agent gets the same
+bytes, and a fetch of a commit already in the cache needs no network.
+
+huggingface_hub does the transfer (``snapshot_download`` with ``allow_patterns``) into its cache: the shared
+Hugging Face cache, or the agent's own cache folder. Within one download it resumes after a dropped
+connection (HTTP ranges); across runs, files already complete are kept and not fetched again. The endpoint is
+the Hub, or an office mirror given by ``HF_ENDPOINT`` (read at each call) or the ``endpoint`` argument. When it
+cannot be reached, the fetch is served from the cache alone.
+
+Nothing is handed out unchecked: every file's size and sha256 are compared with the manifest before
+:func:`fetch_shards` returns. A bad file is deleted (the snapshot's link and the blob it points to) and
+fetched once more; if it is still bad, :class:`~agent.errors.IntegrityError` names it, and the bad copy is
+not left in the cache. Every call blocks (downloads, hashing): the agent runs it in an executor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from tqdm.auto import tqdm
+
+from agent.errors import ConfigError, IntegrityError, ManifestError, ShoalError, SourceError
+from shards.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+"""Told ``(bytes done, bytes in all)`` of the requested files as they arrive, from download threads: keep it
+quick (hand the numbers to the event loop, for example). Files already in the cache count as done."""
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+PROBE_TIMEOUT = 10.0
+"""Seconds to wait for the endpoint's answer to the first request before fetching from the cache alone."""
+
+
+@dataclass(frozen=True)
+class ShardRequest:
+    """What one agent fetches of a published export."""
+
+    repo_id: str
+    revision: str
+    """The commit (40 hex digits) the fleet document pins: a branch name would let agents disagree."""
+    stages: tuple[int, ...] = ()
+    """Indexes of the stages whose files are wanted."""
+    head: bool = False
+    """Also the files a head needs: the tokenizer and chat-template files, and the draft graph if any."""
+
+    def __post_init__(self) -> None:
+        if not COMMIT.match(self.revision):
+            raise ConfigError(f"{self.repo_id}: revision must be a commit (40 hex digits), not {self.revision!r}")
+        object.__setattr__(self, "stages", tuple(int(i) for i in self.stages))
+        if any(i < 0 for i in self.stages):
+            raise ConfigError(f"{self.repo_id}: stage indexes cannot be negative: {self.stages}")
+
+
+def wanted_files(manifest: Manifest, request: ShardRequest) -> list[FileEntry]:
+    """The manifest's entries for what ``request`` asks: its stages' files, then (head) the tokenizer files and
+    the draft graph's. Each path once, in that order."""
+    for index in request.stages:
+        if index >= len(manifest.stages):
+            raise ManifestError(f"the export has {len(manifest.stages)} stages; there is no stage {index}")
+    entries = [f for i in sorted(set(request.stages)) for f in manifest.stages[i].files]
+    if request.head:
+        entries += manifest.tokenizer_files
+        if manifest.draft is not None:
+            entries += manifest.draft.graph.files
+    unique: dict[str, FileEntry] = {}
+    for entry in entries:
+        unique.setdefault(entry.path, entry)
+    return list(unique.values())
+
+
+def allow_patterns(manifest: Manifest, request: ShardRequest) -> list[str]:
+    """``snapshot_download``'s ``allow_patterns`` for ``request``: ``manifest.json`` and each wanted path, escaped
+    so that every pattern matches exactly one file (nothing else in the repository is downloaded)."""
+    return [glob.escape(p) for p in [MANIFEST_NAME, *(f.path for f in wanted_files(manifest, request))]]
+
+
+def fetch_manifest(
+    repo_id: str,
+    revision: str,
+    *,
+    cache_dir: Path | None = None,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    timeout: float = PROBE_TIMEOUT,
+) -> Manifest:
+    """The manifest of ``repo_id`` at commit ``revision``: from the cache if there (a commit never changes, so
+    no request is made), else downloaded alone. SourceError when it can be neither."""
+    return _Fetch(ShardRequest(repo_id, revision), cache_dir, endpoint, token, timeout).manifest()[0]
+
+
+def fetch_shards(
+    request: ShardRequest,
+    *,
+    cache_dir: Path | None = None,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    progress: Progress | None = None,
+    progress_bar: bool = False,
+    max_workers: int = 4,
+    timeout: float = PROBE_TIMEOUT,
+) -> Path:
+    """Download what ``request`` asks into the cache, check every file, and return the snapshot folder.
+
+    The folder is laid out as an export folder holding only the requested files and the manifest
+    (``Manifest.load`` reads it, ``CompiledStage`` compiles a requested stage from it); files of other
+    requests of the same commit may sit beside them. ``cache_dir``: None for the shared Hugging Face cache
+    (``HF_HUB_CACHE``). ``endpoint``: None for ``HF_ENDPOINT``, else the Hub. ``progress``: see
+    :data:`Progress`; ``progress_bar`` shows a tqdm bar (for a command line). ``timeout``: seconds the endpoint
+    has to answer before the cache alone is used.
+
+    The endpoint is asked only when the cache lacks something: a request the cache already holds is checked
+    and served without a single request, so a restart does not wait on a mirror that is down.
+
+    Raises IntegrityError when a file is still wrong after fetching it again (the message names its path in
+    the repository with the expected and the actual sha256), SourceError when the repository or commit does
+    not exist or a file can neither be downloaded nor found in the cache, ManifestError for a stage the export
+    does not have.
+    """
+    return _Fetch(request, cache_dir, endpoint, token, timeout).shards(progress, progress_bar, max_workers)
+
+
+class _Fetch:
+    """One fetch of a request: the client calls, their errors in shoal's words, and the checks."""
+
+    def __init__(
+        self,
+        request: ShardRequest,
+        cache_dir: Path | None,
+        endpoint: str | None,
+        token: str | bool | None,
+        timeout: float,
+    ) -> None:
+        self.request = request
+        self.repo_id, self.revision = request.repo_id, request.revision
+        self.cache_dir = str(cache_dir) if cache_dir is not None else None
+        # read at each call: huggingface_hub reads HF_ENDPOINT once, when it is imported
+        self.endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+        self.token = token
+        self.timeout = timeout
+        self.where = f"{self.repo_id}@{self.revision[:12]}"
+        self.endpoint_name = self.endpoint or hf_constants.ENDPOINT
+        self.cache_name = self.cache_dir or hf_constants.HF_HUB_CACHE
+        self._online: bool | None = None
+        self.offline_reason = ""
+        """Why the endpoint is not used, for messages: 'cannot be reached (...)', 'answered 503'."""
+
+    # -- the whole fetch -----------------------------------------------------------------------
+    def shards(self, callback: Progress | None, progress_bar: bool, max_workers: int) -> Path:
+        started = time.monotonic()
+        manifest, folder = self.manifest()
+        files = wanted_files(manifest, self.request)
+        total = sum(f.size for f in files)
+        # present with the right size: the hash is checked below, once, for every file
+        cached = [f for f in files if (folder / f.path).is_file() and (folder / f.path).stat().st_size == f.size]
+        log.info(
+            "fetching %s: stages %s%s, %d files, %.1f MB (%.1f MB in the cache)",
+            self.where,
+            list(self.request.stages),
+            " and the head's files" if self.request.head else "",
+            len(files),
+            total / 1e6,
+            sum(f.size for f in cached) / 1e6,
+        )
+        with _Bytes(total, sum(f.size for f in cached), callback, progress_bar, f"fetch {self.repo_id}") as counter:
+            if len(cached) < len(files):
+                # offline, the same lookup is made in the cache alone; what it lacks is reported by the checks
+                patterns = allow_patterns(manifest, self.request)
+                self.download_all(patterns, counter, max_workers, local_only=not self.online())
+            self.check_all(folder, files, counter, progress_bar)
+            counter.finish()
+        log.info("fetched %s: %d files checked in %.1f s", self.where, len(files), time.monotonic() - started)
+        return folder
+
+    def online(self) -> bool:
+        """Whether the endpoint answers for this commit; asked once, when first needed."""
+        if self._online is None:
+            self._online = self._probe()
+        return self._online
+
+    def _probe(self) -> bool:
+        try:
+            HfApi(endpoint=self.endpoint, token=self.token).repo_info(
+                self.repo_id, revision=self.revision, repo_type="model", timeout=self.timeout
+            )
+        except (httpx.TransportError, OfflineModeIsEnabled) as exc:
+            self.offline_reason = f"cannot be reached ({_describe(exc)})"
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else None
+            if status in (401, 403, 404) or isinstance(exc, EntryNotFoundError):
+                raise self.source_error(exc, "the repository") from exc
+            # a Hub or mirror that is down answers 5xx (or 429 when it sheds load): the cache may hold the rest
+            self.offline_reason = f"answered {status}"
+        else:
+            return True
+        log.warning("%s %s: fetching %s from the cache alone", self.endpoint_name, self.offline_reason, self.where)
+        return False
+
+    def manifest(self) -> tuple[Manifest, Path]:
+        """The manifest and the snapshot folder holding it: from the cache (a cached copy that does not parse is
+        deleted), else downloaded."""
+        with contextlib.suppress(SourceError):
+            path = self.download(MANIFEST_NAME, local_only=True)
+            try:
+                return Manifest.load(path.parent), path.parent
+            except ManifestError as exc:
+                log.warning("%s: %s is unreadable (%s): deleted, fetching it again", self.where, path, exc)
+                _evict(path)
+        if not self.online():
+            raise SourceError(
+                f"{self.where}: {MANIFEST_NAME} is not in the cache ({self.cache_name}) and "
+                f"{self.endpoint_name} {self.offline_reason}"
+            )
+        path = self.download(MANIFEST_NAME)
+        return Manifest.load(path.parent), path.parent
+
+    # -- downloads -----------------------------------------------------------------------------
+    def download_all(self, patterns: list[str], counter: _Bytes, max_workers: int, local_only: bool) -> None:
+        """``snapshot_download`` of the wanted files. A failure of one file is left to the checks, which fetch
+        what is missing one by one with a precise error."""
+        try:
+            snapshot_download(
+                self.repo_id,
+                repo_type="model",
+                revision=self.revision,
+                cache_dir=self.cache_dir,
+                endpoint=self.endpoint,
+                token=self.token,
+                allow_patterns=patterns,
+                local_files_only=local_only,
+                max_workers=max_workers,
+                tqdm_class=counter.tqdm_class(),
+            )
+        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+            raise self.source_error(exc, "the repository") from exc
+        except (OSError, httpx.HTTPError, EntryNotFoundError) as exc:
+            log.warning("%s: the bulk download stopped (%s): fetching file by file", self.where, _describe(exc))
+
+    def download(self, filename: str, *, force: bool = False, local_only: bool = False, tqdm_class: Any = None) -> Path:
+        """One file of the commit, through the cache (``force``: downloaded even if cached)."""
+        try:
+            path = hf_hub_download(
+                self.repo_id,
+                filename,
+                repo_type="model",
+                revision=self.revision,
+                cache_dir=self.cache_dir,
+                endpoint=self.endpoint,
+                token=self.token,
+                force_download=force,
+                local_files_only=local_only,
+                etag_timeout=self.timeout,
+                tqdm_class=tqdm_class,
+            )
+        except (OSError, httpx.HTTPError, EntryNotFoundError, ValueError) as exc:
+            raise self.source_error(exc, filename) from exc
+        return Path(str(path))
+
+    def source_error(self, exc: Exception, what: str) -> ShoalError:
+        """The client's error for ``what`` (a file, or the repository) as one of shoal's."""
+        if isinstance(exc, LocalEntryNotFoundError):
+            return SourceError(
+                f"{self.where}: {what} is not in the cache ({self.cache_name}) and {self.endpoint_name} "
+                f"{self.offline_reason or 'cannot be reached'}"
+            )
+        if isinstance(exc, RevisionNotFoundError):
+            return SourceError(f"{self.repo_id}: {self.endpoint_name} has no commit {self.revision}")
+        if isinstance(exc, RepositoryNotFoundError):
+            return SourceError(
+                f"{self.repo_id}: no such repository on {self.endpoint_name} (or it is private: set HF_TOKEN)"
+            )
+        if what == "the repository":
+            # olah answers 404 EntryNotFound for a repository it does not hold
+            return SourceError(
+                f"{self.repo_id}: {self.endpoint_name} holds no such repository, or no commit {self.revision} in it"
+            )
+        if isinstance(exc, EntryNotFoundError):
+            if what == MANIFEST_NAME:
+                return ManifestError(f"{self.where}: no {MANIFEST_NAME} (not a published shoal export)")
+            return IntegrityError(f"{self.where}: {what} is listed in {MANIFEST_NAME} but not in the repository")
+        # a forced download that failed is a ValueError whose cause tells why
+        return SourceError(f"{self.where}: cannot download {what} from {self.endpoint_name} ({exc.__cause__ or exc})")
+
+    # -- checks --------------------------------------------------------------------------------
+    def check_all(self, folder: Path, files: list[FileEntry], counter: _Bytes, bar: bool) -> None:
+        """Every wanted file against the manifest; a bad or missing one is fetched once more, then refused."""
+        bad: list[tuple[FileEntry, str]] = []
+        with tqdm(total=counter.total, unit="B", unit_scale=True, desc="check", leave=False, disable=not bar) as shown:
+            for entry in files:
+                problem = _problem(folder / entry.path, entry)
+                if problem is not None:
+                    bad.append((entry, problem))
+                shown.update(entry.size)
+        missing = [e.path for e, problem in bad if problem == _MISSING]
+        if missing and not self.online():
+            raise SourceError(
+                f"{self.where}: {self.endpoint_name} {self.offline_reason} and the cache ({self.cache_name}) lacks "
+                f"{len(missing)} of the requested files: {', '.join(missing)}"
+            )
+        for entry, problem in bad:
+            path = folder / entry.path
+            if problem != _MISSING:
+                log.warning("%s: %s %s: deleted, fetching it again", self.where, entry.path, problem)
+                _evict(path)
+                counter.add(-entry.size)
+                if not self.online():
+                    raise IntegrityError(
+                        f"{self.where}: {entry.path} {problem}; the bad copy was deleted, and it cannot be "
+                        f"fetched again: {self.endpoint_name} {self.offline_reason}"
+                    )
+            self.download(entry.path, force=problem != _MISSING, tqdm_class=counter.tqdm_class())
+            again = _problem(path, entry)
+            if again is not None:
+                _evict(path)
+                raise IntegrityError(
+                    f"{self.where}: {entry.path} {again} (fetched twice from {self.endpoint_name}; "
+                    "the bad copy was deleted)"
+                )
+            log.info("%s: %s fetched again and checked", self.where, entry.path)
+
+
+_MISSING = "missing"
+
+
+def _problem(path: Path, entry: FileEntry) -> str | None:
+    """What is wrong with the file at ``path`` against its manifest entry (None: nothing)."""
+    if not path.is_file():
+        return _MISSING
+    size = path.stat().st_size
+    actual = sha256_file(path)
+    if size != entry.size or actual != entry.sha256:
+        return f"sha256 {actual} ({size} bytes) does not match the manifest's {entry.sha256} ({entry.size} bytes)"
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _evict(path: Path) -> None:
+    """Delete a cached file: the snapshot's link and the blob it points to (or the file, in a cache without
+    links). Another snapshot linking the same blob fetches it again when it next needs it."""
+    if path.is_symlink():
+        blob = path.resolve()
+        path.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class _Bytes:
+    """Bytes of the requested files on disk so far: told to the callback and shown on the bar."""
+
+    def __init__(self, total: int, done: int, callback: Progress | None, bar: bool, desc: str) -> None:
+        self.total = total
+        self.done = min(done, total)
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._bar = tqdm(total=total, initial=self.done, unit="B", unit_scale=True, desc=desc, disable=not bar)
+        self._tell()
+
+    def __enter__(self) -> _Bytes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
+
+    def add(self, n: int) -> None:
+        # under the lock: download threads report concurrently, and the callback sees a steady count
+        with self._lock:
+            before = self.done
+            self.done = max(0, min(self.total, self.done + n))
+            self._bar.update(self.done - before)
+            self._tell()
+
+    def finish(self) -> None:
+        self.add(self.total)
+
+    def _tell(self) -> None:
+        if self._callback is not None:
+            self._callback(self.done, self.total)
+
+    def tqdm_class(self) -> type[tqdm]:
+        """A tqdm class for huggingface_hub: its byte bars stay hidden and feed this count instead."""
+        counter = self
+
+        class _Feed(tqdm):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                # snapshot_download makes one byte bar ("B") and one bar of files; only bytes count
+                self._counts = kwargs.get("unit") == "B"
+                kwargs["disable"] = True
+                kwargs.pop("name", None)
+                super().__init__(*args, **kwargs)
+
+            def update(self, n: float | None = 1) -> bool | None:
+                if self._counts and n:
+                    counter.add(int(n))
+                return None
+
+        return _Feed
