@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.fleet_bench import add_arguments as add_fleet_arguments
 
     add_fleet_arguments(b)
+    b = bench.add_parser("plan", help="a fleet forming its ring from an office mirror, in a lab of namespaces (root)")
+    from bench.plan_bench import add_arguments as add_plan_arguments
+
+    add_plan_arguments(b)
     return parser
 
 
@@ -88,6 +92,10 @@ def _run_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         from bench.fleet_bench import run_fleet_bench
 
         return run_fleet_bench(args)
+    if args.bench == "plan":
+        from bench.plan_bench import run_plan_bench
+
+        return run_plan_bench(args, cache_dir)
     if args.bench == "chat":
         from bench.chat_bench import run_bench_chat
 

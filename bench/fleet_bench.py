@@ -18,7 +18,6 @@ Figures (the goals of issue 23):
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import re
 import signal
@@ -31,6 +30,7 @@ from typing import Any
 
 from agent.fleet import init_fleet, issue_node
 from agent.node.launcher import LocalAgent, launch_agent
+from bench.report import print_figures
 
 EVENT = re.compile(r"member \w+ \(([\w.-]+)\): \w+ -> (\w+)")
 PORT = 7100
@@ -67,11 +67,7 @@ def run_fleet_bench(args: argparse.Namespace) -> int:
             report["cut_lost_s"] = median([fleet.loss(4, "cut") for _ in range(args.runs)])
         finally:
             lab.down()
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for key, value in report.items():
-            print(f"{key:<28} {value}")
+    print_figures(report, args.json)
     return 0
 
 

@@ -6,6 +6,7 @@ that dict, so the table, the Markdown and ``--json`` always show the same figure
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -245,3 +246,13 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
     lines.append(f"- {_neighbours(report)}")
     lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def print_figures(report: Mapping[str, Any], as_json: bool) -> None:
+    """A lab benchmark's flat figures: one JSON object, or one ``name value`` line each."""
+    if as_json:
+        print(json.dumps(report))
+        return
+    width = max(map(len, report), default=0) + 2
+    for key, value in report.items():
+        print(f"{key:<{width}} {value}")

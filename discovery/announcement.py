@@ -16,7 +16,8 @@ TXT layout (schema 1). Every entry is ``key=value`` and at most 255 bytes (RFC 6
     i    instance: random per process start     t   process start, Unix seconds (who came first)
     q    sequence number, raised on every change (a receiver keeps the newest)
     dev  OpenVINO devices, comma-separated      mem MiB it can give a shard   spd measured speed (GFLOP/s)
-    st   stages held, ``index:state`` comma-separated (state: downloading, compiling, ready, standby)
+    st   stages held, ``index:state`` comma-separated (state: downloading, compiling, ready, standby), a
+         download with its progress as ``index:downloading@percent``
     d    donor state (serving, idle, busy)
 """
 
@@ -50,10 +51,29 @@ class HeldStage:
 
     index: int
     state: str
+    percent: int | None = None
+    """How much of the stage's files is downloaded (0-100), while ``state`` is ``downloading``."""
 
     def __post_init__(self) -> None:
         if self.index < 0 or self.state not in STAGE_STATES:
             raise ValueError(f"a held stage is an index and one of {STAGE_STATES}, not {self.index}:{self.state}")
+        if self.percent is not None and (self.state != "downloading" or not 0 <= self.percent <= 100):
+            raise ValueError(f"only a download has a percent from 0 to 100, not {self.state}@{self.percent}")
+
+    def describe(self) -> str:
+        """For people and the status: ``downloading 42 %``, ``ready``."""
+        return self.state if self.percent is None else f"{self.state} {self.percent} %"
+
+    def to_text(self) -> str:
+        """The stage's entry of the ``st`` TXT property."""
+        return f"{self.index}:{self.state}" + ("" if self.percent is None else f"@{self.percent}")
+
+    @classmethod
+    def from_text(cls, text: str) -> HeldStage:
+        """Parse one entry of ``st`` (raises ``ValueError``)."""
+        index, _, state = text.partition(":")
+        state, _, percent = state.partition("@")
+        return cls(int(index), state, int(percent) if percent else None)
 
 
 @dataclass(frozen=True)
@@ -113,7 +133,7 @@ class Announcement:
             "dev": ",".join(self.devices),
             "mem": str(self.memory_mb),
             "spd": f"{self.speed:.1f}",
-            "st": ",".join(f"{s.index}:{s.state}" for s in self.stages),
+            "st": ",".join(s.to_text() for s in self.stages),
             "d": self.donor,
         }
         for key, value in properties.items():
@@ -149,7 +169,7 @@ class Announcement:
                 devices=tuple(d for d in text.get("dev", "").split(",") if d),
                 memory_mb=int(text.get("mem", "0")),
                 speed=float(text.get("spd", "0")),
-                stages=tuple(_held(s) for s in text.get("st", "").split(",") if s),
+                stages=tuple(HeldStage.from_text(s) for s in text.get("st", "").split(",") if s),
                 donor=text.get("d", "serving"),
             )
         except RemoteProtocolError:
@@ -177,11 +197,6 @@ def _foreign_schema(schema: int, text: dict[str, str]) -> Announcement:
         )
     except (KeyError, ValueError) as exc:
         raise RemoteProtocolError(f"announcement of schema {schema} without a readable node id and port") from exc
-
-
-def _held(text: str) -> HeldStage:
-    index, _, state = text.partition(":")
-    return HeldStage(int(index), state)
 
 
 def _text(value: Any) -> str:

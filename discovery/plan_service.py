@@ -32,6 +32,7 @@ from typing import Any
 from agent.errors import PeerUnavailableError, RemoteProtocolError, ShoalError
 from agent.transport.tasks import OwnedTasks
 from discovery import control
+from discovery.announcement import HeldStage
 from discovery.fleet_document import FleetDocument, ModelSource
 from discovery.membership import Membership, MemberState
 from discovery.placement import Candidate, Plan, StageNeed, candidates, forgive, plan, stage_needs
@@ -262,13 +263,25 @@ class FleetPlanService:
         names[state.me.node] = state.me.name
         return names
 
-    def held_state(self, node: str, stage: int) -> str | None:
-        """What ``node`` announces of ``stage`` (downloading, compiling, ready, standby), None: nothing."""
+    def held(self, node: str, stage: int) -> HeldStage | None:
+        """What ``node`` announces of ``stage`` (downloading and how far, compiling, ready, standby)."""
         state = self.membership.state
         announcement = state.me if node == state.me.node else (m.announcement if (m := state.get(node)) else None)
         if announcement is None:
             return None
-        return next((s.state for s in announcement.stages if s.index == stage), None)
+        return next((s for s in announcement.stages if s.index == stage), None)
+
+    def held_state(self, node: str, stage: int) -> str | None:
+        """The state ``node`` announces of ``stage``, None: nothing."""
+        held = self.held(node, stage)
+        return None if held is None else held.state
+
+    def _held_view(self, node: str | None, stage: int) -> dict[str, Any]:
+        held = None if node is None else self.held(node, stage)
+        return {
+            "state": held.state if held else ("uncovered" if node is None else None),
+            "progress": held.percent if held else None,
+        }
 
     def route(self) -> Route:
         """Where a chat goes through the plan's ring; :class:`RingNotReady` saying why it cannot yet."""
@@ -324,10 +337,8 @@ class FleetPlanService:
                     "stage": a.stage,
                     "node": a.node,
                     "name": names.get(a.node) if a.node else None,
-                    "state": self.held_state(a.node, a.stage) if a.node else "uncovered",
-                    "standbys": [
-                        {"node": n, "name": names.get(n), "state": self.held_state(n, a.stage)} for n in a.standbys
-                    ],
+                    **self._held_view(a.node, a.stage),
+                    "standbys": [{"node": n, "name": names.get(n), **self._held_view(n, a.stage)} for n in a.standbys],
                     "reason": a.reason,
                 }
                 for a in record.plan.assignments

@@ -654,7 +654,7 @@ def _member_status(member: Member, now: float, skew: float | None) -> dict[str, 
             "devices": list(a.devices),
             "memory_mb": a.memory_mb,
             "speed": a.speed,
-            "stages": [f"{s.index}:{s.state}" for s in a.stages],
+            "stages": [s.to_text() for s in a.stages],
             "donor": a.donor,
         },
     }

@@ -253,8 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", default=None, metavar="HOST:PORT", help="the agent to ask (default: the running one)")
     p.add_argument("--probe-seconds", type=float, default=3.0, help="how long each mDNS probe listens (3)")
 
-    p = sub.add_parser("status", help="ask agents for their status (JSON)")
-    p.add_argument("address", nargs="+", help="HOST:PORT of an agent")
+    p = sub.add_parser("status", help="ask agents what they serve, their members, downloads and the plan")
+    p.add_argument("address", nargs="*", help="HOST:PORT of an agent (default: the one running on this PC)")
+    p.add_argument("--json", action="store_true", help="the whole status document as JSON")
     p.add_argument("--identity", type=Path, default=None, help="this node's identity folder")
 
     p = sub.add_parser("fleet", help="the fleet's private CA, node certificates, join tokens and revocations")

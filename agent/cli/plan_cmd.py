@@ -177,16 +177,28 @@ def _plan_status(address: tuple[str, int], identity: NodeIdentity, version: int,
 
 def print_plan(plan: dict[str, Any]) -> None:
     """The plan as ``shoal status`` reports it, for people: stage -> node, state, standbys, pins."""
-    print(
+    print("\n".join(plan_lines(plan)))
+
+
+def plan_lines(plan: dict[str, Any]) -> list[str]:
+    """The lines of :func:`print_plan`."""
+    lines = [
         f"plan {str(plan.get('hash'))[:12]} epoch {plan.get('epoch')} for document {plan.get('planned_for')} "
         f"(planned by {plan.get('planned_by')}): {'ready' if plan.get('ready') else plan.get('waiting') or ''}"
-    )
+    ]
     for stage in plan.get("stages", []):
-        standbys = ", ".join(f"{s['name']} ({s['state'] or 'starting'})" for s in stage["standbys"]) or "none"
-        print(
-            f"  stage {stage['stage']}: {stage['name'] or 'uncovered':<16} {stage['state'] or 'starting':<12} "
+        standbys = ", ".join(f"{s['name']} ({_held_text(s)})" for s in stage["standbys"]) or "none"
+        lines.append(
+            f"  stage {stage['stage']}: {stage['name'] or 'uncovered':<16} {_held_text(stage):<16} "
             f"standbys: {standbys}; {stage['reason']}"
         )
     for pin in plan.get("pins", []):
         mark = "honoured" if pin["honoured"] else "NOT honoured"
-        print(f"  pin {pin['node']} -> stage {pin['stage']}: {mark}: {pin['reason']}")
+        lines.append(f"  pin {pin['node']} -> stage {pin['stage']}: {mark}: {pin['reason']}")
+    return lines
+
+
+def _held_text(held: dict[str, Any]) -> str:
+    """``downloading 42 %``, ``ready``, ``starting`` (nothing announced yet) of a stage's status entry."""
+    state = held.get("state") or "starting"
+    return state if held.get("progress") is None else f"{state} {held['progress']} %"

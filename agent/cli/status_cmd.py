@@ -1,15 +1,18 @@
-"""``shoal status ADDR``: ask an agent what it holds (sessions, load, its link to the next stage)."""
+"""``shoal status [ADDR ...]``: ask agents what they hold and do (stages, sessions, members, the plan, downloads)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from agent.cli.common import identity_dir
-from agent.errors import RingError
+from agent.cli.plan_cmd import plan_lines
+from agent.daemon import running_agent
+from agent.errors import ConfigError, RingError
 from agent.fleet import NodeIdentity
 from agent.node.config import parse_address
 from agent.transport.connection import FrameConnection, dial, expect
@@ -64,6 +67,51 @@ async def fetch_status(address: tuple[str, int], identity: NodeIdentity, timeout
 
 def run_status(args: argparse.Namespace, data_dir: Path) -> int:
     identity = NodeIdentity.load(identity_dir(args.identity, data_dir))
-    for text in args.address:
-        print(json.dumps(asyncio.run(fetch_status(parse_address(text), identity)), indent=1))
+    addresses = args.address or ([own] if (own := running_agent(identity.cert.parent)) else [])
+    if not addresses:
+        raise ConfigError("no agent runs with this identity on this PC: name one as HOST:PORT")
+    for text in addresses:
+        status = asyncio.run(fetch_status(parse_address(text), identity))
+        print(json.dumps(status, indent=1) if args.json else "\n".join(status_lines(text, status)))
     return 0
+
+
+def status_lines(address: str, status: dict[str, Any]) -> list[str]:
+    """An agent's status document for people: what it serves, its members, its download and the plan."""
+    stages = status.get("stages") or []
+    serving = (
+        f"serves stage {', '.join(map(str, stages))} (layers {status['layers'][0]}-{status['layers'][1] - 1}) "
+        f"on {status.get('device')}, next stage {status.get('next_stage') or 'none: the last'}"
+        if stages
+        else "serves no stage"
+    )
+    lines = [
+        f"agent {status.get('node')} at {address}, up {status.get('uptime_s')} s: {serving}",
+        f"  sessions {len(status.get('sessions') or [])} of {status.get('max_sessions')} "
+        f"(parked {status.get('parked')}, evicted {status.get('evicted')}), steps served {status.get('steps_served')}",
+    ]
+    members = status.get("members")
+    if isinstance(members, dict):
+        counts = Counter(str(m.get("state")) for m in members.get("members", []))
+        seen = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none yet"
+        lines.append(f"  fleet {members.get('fleet')}: other members: {seen}")
+    ring = status.get("ring")
+    if isinstance(ring, dict):
+        lines.append(f"  {ring.get('activity')}" + (f" (error: {ring['error']})" if ring.get("error") else ""))
+        if download := ring.get("download"):
+            lines.append(f"  downloading {download['what']}: {_bytes_done(download['done'], download['total'])}")
+    chat = status.get("chat")
+    if isinstance(chat, dict):
+        lines.append(
+            f"  chats at {chat.get('endpoint')}: {chat.get('answered')} answered, {chat.get('running')} running"
+        )
+    plan = status.get("plan")
+    if isinstance(plan, dict):
+        lines.extend("  " + line for line in plan_lines(plan))
+    return lines
+
+
+def _bytes_done(done: int, total: int) -> str:
+    mib = 1024 * 1024
+    percent = f" ({done * 100 // total} %)" if total > 0 else ""
+    return f"{done / mib:.1f} of {total / mib:.1f} MiB{percent}"

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 RETRY = 2.0
 """Seconds before trying again a step that failed (a download cut off, a next stage not known yet)."""
+PROGRESS_STEP = 10
+"""A download's progress is announced to the fleet each time it passes a multiple of this many percent."""
 
 
 class ChatHead(Protocol):
@@ -201,13 +203,26 @@ class RingFormer:
         loop = asyncio.get_running_loop()
         label = "head files" if head else f"stage {stages[0]}"
 
-        def progress(done: int, total: int) -> None:
+        announced = [-1]
+
+        def progress(done: int, total: int) -> None:  # called on the download's thread
             self.progress = {"what": label, "done": done, "total": total}
+            percent = min(100, done * 100 // total) if total > 0 else 0
+            if not head and percent // PROGRESS_STEP != announced[0] // PROGRESS_STEP:
+                announced[0] = percent
+                asyncio.run_coroutine_threadsafe(self._announce_download(stages[0], percent), loop)
 
         try:
             return await loop.run_in_executor(None, lambda: self.source.fetch(model, stages, head, progress))
         finally:
             self.progress = None
+
+    async def _announce_download(self, index: int, percent: int) -> None:
+        # a report that arrives late must not undo the step after the download (compiling, ready)
+        now = self.membership.me.stages
+        downloading = len(now) == 1 and now[0].index == index and now[0].state == "downloading"
+        if downloading and (now[0].percent is None or now[0].percent < percent):
+            await self._announce((HeldStage(index, "downloading", percent),))
 
     def _compile_stage(self, folder: Path, manifest: Manifest, index: int) -> Stage:
         from agent.runtime.stage import CompiledStage

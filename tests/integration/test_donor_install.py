@@ -105,7 +105,14 @@ def test_a_donor_install_serves_answers_and_reports_status(
     assert "Paris" in answer.stdout
     last = agents[-1].address  # type: ignore[attr-defined]
     status = subprocess.run(
-        [shoal, "status", f"{last[0]}:{last[1]}", "--identity", str(fleet.identity("donor-status").cert.parent)],
+        [
+            shoal,
+            "status",
+            f"{last[0]}:{last[1]}",
+            "--identity",
+            str(fleet.identity("donor-status").cert.parent),
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -77,6 +77,7 @@ def _status(lab: NetLab, host: int, address: tuple[str, int], identity: NodeIden
                 f"{address[0]}:{address[1]}",
                 "--identity",
                 str(identity.cert.parent),
+                "--json",
             ],
         ),
         capture_output=True,

@@ -134,7 +134,7 @@ class Agents:
 
     def status(self, host: int) -> dict[str, object]:
         identity = self.identities[f"pc{host}"].cert.parent
-        done = self.shoal(host, "status", f"{self.lab.ip(host)}:{PORT}", "--identity", identity)
+        done = self.shoal(host, "status", f"{self.lab.ip(host)}:{PORT}", "--identity", identity, "--json")
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)  # type: ignore[no-any-return]
 

@@ -10,47 +10,27 @@ the same again; and with the mirror stopped, a restarted agent comes back from i
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.head.chat import ChatTokenizer
-from agent.node.launcher import LocalAgent, launch_agent
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.stage import LocalPipeline
 from shards.manifest import Manifest
 from tests.integration.local_decode import greedy_tokens
 from tests.integration.netlab import NetLab
 from tests.support.olah_mirror import OlahMirror
+from tests.support.plan_fleet import MAX_TOKENS, PORT, PROMPT, LabFleet
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(600)]
 
 HOSTS = 5
 MIRROR_HOST = 5
-PORT = 7100
 REPO = "office/smollm2-3stage"
-PROMPT = "What is the capital of France?"
-MAX_TOKENS = 12
-ASK = """
-import asyncio, json, sys
-from pathlib import Path
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
-endpoint = ChatEndpoint.load(Path(sys.argv[1]))
-request = ChatRequest(token=endpoint.token, messages=(("user", sys.argv[2]),), max_tokens=int(sys.argv[3]))
-async def main():
-    return [json.loads(e.to_line()) async for e in ask(endpoint, request)]
-print(json.dumps(asyncio.run(main())))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -66,94 +46,6 @@ def lab() -> Iterator[NetLab]:
         net.down()
 
 
-class Fleet:
-    """The lab's agents by name; the test process reads their logs and asks their status from inside the lab."""
-
-    def __init__(self, lab: NetLab, root: Path, cache: Path, endpoint: str) -> None:
-        self.lab, self.root, self.cache, self.endpoint = lab, root, cache, endpoint
-        init_fleet(root / "fleet", "lab")
-        self.identities: dict[str, NodeIdentity] = {}
-        self.running: dict[str, LocalAgent] = {}
-        self.hosts: dict[str, int] = {}
-
-    def identity(self, name: str, host: int) -> NodeIdentity:
-        if name not in self.identities:
-            self.identities[name] = issue_node(self.root / "fleet", name, ips=[self.lab.ip(host)])
-        return self.identities[name]
-
-    def shards(self, name: str) -> Path:
-        return self.root / "shards" / name
-
-    def start(self, name: str, host: int, *args: str) -> LocalAgent:
-        identity = self.identity(name, host)
-        agent = launch_agent(
-            None,
-            None,
-            identity.cert.parent,
-            self.cache,
-            listen=f"{self.lab.ip(host)}:{PORT}",
-            extra_args=["--lost-after", "4", "--threads", "1", "--shards-dir", str(self.shards(name)), *args],
-            wrapper=self.lab.command(host, []),
-            env={"HF_ENDPOINT": self.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"},
-            log_path=self.root / f"{name}.log",
-            timeout=60,
-        )
-        self.running[name], self.hosts[name] = agent, host
-        return agent
-
-    def shoal(self, host: int, *args: str | Path) -> subprocess.CompletedProcess[str]:
-        command = self.lab.command(host, [sys.executable, "-m", "agent.cli.main", *map(str, args)])
-        return subprocess.run(command, capture_output=True, text=True, timeout=60)
-
-    def plan(self, name: str) -> dict[str, Any]:
-        host = self.hosts[name]
-        done = self.shoal(
-            host, "status", f"{self.lab.ip(host)}:{PORT}", "--identity", self.identities[name].cert.parent
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)["plan"]  # type: ignore[no-any-return]
-
-    def agreed(self, names: list[str]) -> str | None:
-        """The plan hash every agent of ``names`` follows, once the last one's ring is ready (each status is a
-        process started inside the lab: the others are asked only then)."""
-        if not self.plan(names[-1]).get("ready"):
-            return None
-        plans = [self.plan(n) for n in names]
-        hashes = {p.get("hash") for p in plans}
-        return plans[0]["hash"] if len(hashes) == 1 and all(p.get("ready") for p in plans) else None
-
-    def ask(self, name: str) -> list[int]:
-        chat_file = self.root / f"{name}-chat.json"
-        command = self.lab.command(
-            self.hosts[name], [sys.executable, "-c", ASK, str(chat_file), PROMPT, str(MAX_TOKENS)]
-        )
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        events = json.loads(done.stdout)
-        assert events[-1]["event"] == "done", events[-1]
-        return [e["id"] for e in events if e["event"] == "token"]
-
-    def until(self, check: Callable[[], object], timeout: float, what: str) -> float:
-        start = time.monotonic()
-        while not check():
-            if time.monotonic() - start > timeout:
-                logs = "\n".join(f"--- {n}\n" + "\n".join(list(a.log)[-20:]) for n, a in self.running.items())
-                raise AssertionError(f"not within {timeout} s: {what}\n{logs}")
-            time.sleep(0.25)
-        return time.monotonic() - start
-
-    def fetched(self, name: str) -> set[str]:
-        """The files of the export in the agent's shard cache (what it downloaded)."""
-        found = set()
-        for snapshot in self.shards(name).glob("models--*/snapshots/*"):
-            found |= {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
-        return found
-
-    def stop_all(self) -> None:
-        for agent in self.running.values():
-            agent.stop(timeout=5)
-
-
 def test_four_agents_with_only_an_identity_form_the_ring_from_a_mirror_and_fail_over(
     lab: NetLab, exported: Callable[..., Path], cache_dir: Path, tmp_path: Path
 ) -> None:
@@ -165,7 +57,7 @@ def test_four_agents_with_only_an_identity_form_the_ring_from_a_mirror_and_fail_
     reference = greedy_tokens(pipeline, ids, max_tokens=MAX_TOKENS, stop_ids=tokenizer.stop_ids)
 
     mirror = OlahMirror(tmp_path / "mirror", host=lab.ip(MIRROR_HOST), command_prefix=lab.command(MIRROR_HOST, []))
-    fleet = Fleet(lab, tmp_path, cache_dir, mirror.endpoint)
+    fleet = LabFleet(lab, tmp_path, cache_dir, mirror.endpoint)
     published = fleet.shoal(MIRROR_HOST, "publish", folder, REPO, "--mirror", mirror.root / "mirrors")
     assert published.returncode == 0, published.stderr
     commit = published.stdout.split(f"{REPO}@")[1].split()[0]

@@ -207,7 +207,7 @@ def test_a_thousand_members_and_ten_thousand_events_stay_well_under_a_millisecon
 
 def test_an_announcement_round_trips_through_txt_and_each_entry_fits() -> None:
     rich = announce(3, devices=("CPU", "GPU.0"), memory_mb=12000, speed=55.5, donor="idle").changed(
-        stages=(HeldStage(0, "ready"), HeldStage(1, "downloading"))
+        stages=(HeldStage(0, "ready"), HeldStage(1, "downloading", 42), HeldStage(2, "downloading"))
     )
     properties = rich.to_properties()
     assert all(len(k) + 1 + len(v.encode()) <= MAX_ENTRY for k, v in properties.items())
@@ -222,6 +222,9 @@ def test_an_announcement_round_trips_through_txt_and_each_entry_fits() -> None:
         {"port": b"99999"},
         {"fp": b"md5:00"},
         {"st": b"0:exploded"},
+        {"st": b"0:ready@50"},
+        {"st": b"0:downloading@101"},
+        {"st": b"0:downloading@half"},
         {"n": b"\xff\xfe"},
         {"t": b"yesterday"},
         {"s": b""},

@@ -1,0 +1,79 @@
+"""``shoal status`` for people: the plan's stages with their states, a download's progress, the pins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.cli.status_cmd import status_lines
+
+pytestmark = pytest.mark.fast
+
+
+def agent_status() -> dict[str, Any]:
+    return {
+        "node": "pc2",
+        "layers": [10, 20],
+        "stages": [1],
+        "device": "CPU",
+        "next_stage": "connected",
+        "sessions": ["00000000000000aa"],
+        "max_sessions": 8,
+        "parked": 0,
+        "evicted": 0,
+        "steps_served": 12,
+        "uptime_s": 3.5,
+        "members": {"fleet": "f1", "members": [{"state": "member"}, {"state": "member"}, {"state": "lost"}]},
+        "ring": {
+            "activity": "standing by for stage 2",
+            "download": {"what": "stage 2", "done": 3 * 1024 * 1024, "total": 12 * 1024 * 1024},
+            "error": None,
+        },
+        "plan": {
+            "hash": "ab" * 32,
+            "epoch": 4,
+            "planned_for": 3,
+            "planned_by": "pc1",
+            "ready": False,
+            "waiting": "stage 2 on pc3 is downloading",
+            "stages": [
+                {"stage": 0, "name": "pc1", "state": "ready", "progress": None, "standbys": [], "reason": "fastest"},
+                {
+                    "stage": 1,
+                    "name": "pc3",
+                    "state": "downloading",
+                    "progress": 40,
+                    "standbys": [{"name": "pc2", "state": "downloading", "progress": 25}],
+                    "reason": "automatic",
+                },
+                {"stage": 2, "name": None, "state": "uncovered", "progress": None, "standbys": [], "reason": "no room"},
+            ],
+            "pins": [{"node": "pc9", "stage": 2, "honoured": False, "reason": "pc9 is not a member"}],
+        },
+    }
+
+
+def test_the_status_shows_each_stage_with_its_download_progress_and_the_pins() -> None:
+    text = "\n".join(status_lines("10.0.0.2:7000", agent_status()))
+    assert "agent pc2 at 10.0.0.2:7000, up 3.5 s: serves stage 1 (layers 10-19) on CPU" in text
+    assert "sessions 1 of 8" in text
+    assert "other members: 1 lost, 2 member" in text
+    assert "downloading stage 2: 3.0 of 12.0 MiB (25 %)" in text
+    assert "plan abababababab epoch 4 for document 3 (planned by pc1): stage 2 on pc3 is downloading" in text
+    lines = text.splitlines()
+    assert any(
+        "stage 1: pc3" in line and "downloading 40 %" in line and "pc2 (downloading 25 %)" in line for line in lines
+    )
+    assert any("stage 2: uncovered" in line and "no room" in line for line in lines)
+    assert "pin pc9 -> stage 2: NOT honoured: pc9 is not a member" in text
+
+
+def test_an_agent_wired_by_hand_shows_no_plan() -> None:
+    status = agent_status()
+    for section in ("members", "ring", "plan"):
+        del status[section]
+    status["stages"] = []
+    lines = status_lines("127.0.0.1:7000", status)
+    assert lines[0].endswith("serves no stage")
+    assert not any("plan" in line for line in lines)
