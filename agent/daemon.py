@@ -143,8 +143,9 @@ class Daemon:
             self._section("chat", self.chats.status)
             if config.http is not None:
                 from agent.chat.openai_http import OpenAIEndpoint
+                from agent.metrics.exposition import CONTENT_TYPE, render_metrics
 
-                self.http = OpenAIEndpoint(self.chats, config.http)
+                self.http = OpenAIEndpoint(self.chats, config.http, render_metrics(self.server.status), CONTENT_TYPE)
         self.parts: list[DaemonPart] = list(parts)
         if fleet is not None:
             self.parts.append(RingFormer(config, fleet.plan, fleet.membership, self.server, fleet.source, self.chats))

@@ -1,7 +1,8 @@
 """An OpenAI-style HTTP endpoint in front of what answers the agent's chats (``ChatAnswerer``), for any such client.
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as server-sent events with
-``"stream": true``, else one JSON body) and ``GET /v1/models``, on loopback only, authorised by
+``"stream": true``, else one JSON body), ``GET /v1/models`` and ``GET /metrics`` (the agent's figures in the
+Prometheus text format, when the daemon gives a renderer), on loopback only, authorised by
 ``Authorization: Bearer TOKEN`` with the token of the agent's endpoint file. HTTP/1.1 is parsed by h11
 (sans-IO), connections are kept alive for a pooled client's next request. Request bodies are checked by
 ``agent.chat.openai_request``. Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "code"}}``)
@@ -18,7 +19,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +54,17 @@ STATUS_OF = {
 class OpenAIEndpoint:
     """Serves one agent's chats over HTTP in the OpenAI chat-completions format."""
 
-    def __init__(self, service: ChatAnswerer, listen: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        service: ChatAnswerer,
+        listen: tuple[str, int],
+        metrics: Callable[[], bytes] | None = None,
+        metrics_type: str = "text/plain",
+    ) -> None:
         self.service = service
         self._listen = listen
+        self._metrics = metrics
+        self._metrics_type = metrics_type
         self._server: asyncio.Server | None = None
         self._tasks = OwnedTasks()
         self.connections = 0
@@ -138,6 +147,10 @@ class OpenAIEndpoint:
                 200,
                 {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "shoal"}]},
             )
+            return
+        if request.method == b"GET" and path == "/metrics" and self._metrics is not None:
+            exposition = await asyncio.get_running_loop().run_in_executor(None, self._metrics)
+            await _send_body(connection, writer, 200, self._metrics_type, exposition)
             return
         completion = path == "/v1/completions"
         if request.method != b"POST" or path not in ("/v1/chat/completions", "/v1/completions"):
@@ -289,16 +302,14 @@ async def _read_request(connection: h11.Connection, reader: asyncio.StreamReader
 async def _send_json(
     connection: h11.Connection, writer: asyncio.StreamWriter, status: int, body: dict[str, Any]
 ) -> None:
-    payload = json.dumps(body, ensure_ascii=False).encode()
-    await _send(
-        writer,
-        connection.send(
-            h11.Response(
-                status_code=status,
-                headers=[("content-type", "application/json"), ("content-length", str(len(payload)))],
-            )
-        ),
-    )
+    await _send_body(connection, writer, status, "application/json", json.dumps(body, ensure_ascii=False).encode())
+
+
+async def _send_body(
+    connection: h11.Connection, writer: asyncio.StreamWriter, status: int, content_type: str, payload: bytes
+) -> None:
+    headers = [("content-type", content_type), ("content-length", str(len(payload)))]
+    await _send(writer, connection.send(h11.Response(status_code=status, headers=headers)))
     await _send(writer, connection.send(h11.Data(data=payload)))
     await _send(writer, connection.send(h11.EndOfMessage()))
 

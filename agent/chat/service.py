@@ -26,6 +26,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -132,6 +133,14 @@ class ChatService:
         self.answered = 0
         self.replayed = 0
         """Answers' histories replayed into fresh sessions after a lost ring, all told."""
+        self.totals: Counter[str] = Counter()
+        """What every answer given added up to: tokens, prompt and cached tokens, steps, drafts, seconds."""
+        self.refused: Counter[str] = Counter()
+        """Answers that ended in an error, by its code."""
+        self.last_k = 0.0
+        """The median K of the last answer (0: none drafted)."""
+        self.answer_seconds = 0.0
+        """Seconds from request to ``done`` of every answer given, all told."""
         self.kept = KeptConversations(self.node, config.chat_keep, config.chat_keep_max, server.table.release)
 
     @property
@@ -228,6 +237,10 @@ class ChatService:
             "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0,
             "kept": len(self.kept),
             "replayed": self.replayed,
+            "totals": dict(self.totals),
+            "refused": dict(self.refused),
+            "last_k": self.last_k,
+            "answer_seconds": round(self.answer_seconds, 6),
             "resumed": self.kept.resumed,
             "reused_tokens": self.kept.reused_tokens,
         }
@@ -288,6 +301,13 @@ class ChatService:
     # -- one answer ----------------------------------------------------------------------------
     async def answer(self, request: ChatRequest) -> AsyncGenerator[ChatEvent, None]:
         """The events of one answer: a ``token`` per generated token, then ``done``; or an ``error``."""
+        async with contextlib.aclosing(self._answer(request)) as events:
+            async for event in events:
+                if event.event == "error":
+                    self.refused[str(event.code)] += 1
+                yield event
+
+    async def _answer(self, request: ChatRequest) -> AsyncGenerator[ChatEvent, None]:
         if request.seed is None:  # one seed per answer, told in its done event: the answer can be had again
             request = replace(request, seed=secrets.randbits(31))
         model = self.model
@@ -356,6 +376,16 @@ class ChatService:
         self.answered += 1
         # a replayed answer computed its whole history again: nothing of its prompt was reused
         cached = conversation.target.reused if conversation is not None and not tally.replays else 0
+        self.totals.update(
+            tokens=stats.tokens,
+            prompt_tokens=len(prompt_ids),
+            cached_tokens=cached,
+            steps=stats.steps + 1,
+            drafted=stats.drafted,
+            accepted=stats.accepted,
+        )
+        self.answer_seconds += seconds
+        self.last_k = stats.median_k
         log.info(
             "node=%s chat answered: %d tokens in %.2f s, %d steps, %d prompt tokens reused",
             self.node,

@@ -27,6 +27,7 @@ import numpy as np
 from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolError, ShoalError
 from agent.node.config import AgentConfig
 from agent.node.sessions import SessionState, SessionTable
+from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.sampling.readout import read_out
@@ -82,6 +83,8 @@ class StageServer:
         """Where this agent listens (the bound port once started)."""
         self.steps_served = 0
         self.compute_seconds = 0.0
+        self.step_times = StepTimes()
+        """The durations of the steps counted in ``steps_served``."""
         self.kv_cut_seconds = 0.0
         """Of ``compute_seconds``: cutting rejected drafts out of the KV state (``--rewind compact``)."""
         self.status_sections: dict[str, Callable[[], Any]] = {}
@@ -361,7 +364,9 @@ class StageServer:
         started = self._clock()
         cut_before = sum(s.kv_cut_seconds for s in state.stages)
         output = await loop.run_in_executor(self._executor, self._compute, state, inputs, frame)
-        self.compute_seconds += self._clock() - started
+        took = self._clock() - started
+        self.compute_seconds += took
+        self.step_times.observe(took)
         self.kv_cut_seconds += sum(s.kv_cut_seconds for s in state.stages) - cut_before
         self.steps_served += 1
         state.next_step += 1
@@ -536,6 +541,7 @@ class StageServer:
             "max_sessions": self.table.capacity,
             "steps_served": self.steps_served,
             "compute_seconds": round(self.compute_seconds, 6),
+            "step_seconds": self.step_times.to_json(),
             "kv_cut_seconds": round(self.kv_cut_seconds, 6),
             "queued": self._queue.qsize(),
             "next_stage": None if self.successor is None else ("connected" if self.successor.connected else "down"),

@@ -1,0 +1,1 @@
+"""The agent's figures for monitoring: Prometheus metrics over its status document."""
