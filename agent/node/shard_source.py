@@ -12,6 +12,7 @@ Every call blocks (downloads, hashing): the daemon calls them off the event loop
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,7 +62,11 @@ class ShardSource:
 
         assert model.repo_id is not None and model.revision is not None
         request = ShardRequest(model.repo_id, model.revision, stages, head)
-        return fetch_shards(request, cache_dir=self.cache_dir, endpoint=self.endpoint, progress=progress)
+        # an agent started in a terminal shows a bar; a service's log gets the status' progress instead
+        bar = sys.stderr.isatty()
+        return fetch_shards(
+            request, cache_dir=self.cache_dir, endpoint=self.endpoint, progress=progress, progress_bar=bar
+        )
 
 
 def _check_stages(manifest: Manifest, stages: tuple[int, ...]) -> None:
