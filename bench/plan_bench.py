@@ -139,7 +139,9 @@ class _PlanBench:
 
     def _asker(self, timeout: float) -> subprocess.Popen[str]:
         command = [sys.executable, "-c", ASK_UNTIL_ANSWERED, str(self.chat_file), str(timeout)]
-        return subprocess.Popen(self.lab.command(HEAD_HOST, command), stdout=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            self.lab.command(HEAD_HOST, command), stdout=subprocess.PIPE, encoding="utf-8", errors="replace"
+        )
 
     def _answered(self, asker: subprocess.Popen[str], since: float, what: str) -> float:
         out, _ = asker.communicate(timeout=600)
@@ -226,7 +228,13 @@ class _PlanBench:
                     out.mkdir()
                     extra = [self.fleet.endpoint, REPO, commit, largest.path] if how == "mirror" else [url]
                     command = [sys.executable, "-c", TIMED_DOWNLOAD, how, str(out), *extra]
-                    done = subprocess.run(self.lab.command(1, command), capture_output=True, text=True, timeout=300)
+                    done = subprocess.run(
+                        self.lab.command(1, command),
+                        capture_output=True,
+                        encoding="utf-8",
+                        errors="replace",
+                        timeout=300,
+                    )
                     if done.returncode:
                         raise BenchError(f"the {how} download failed: {done.stderr.strip()[-2000:]}")
                     timing = json.loads(done.stdout)

@@ -453,7 +453,8 @@ class ProxyProcess:
             [sys.executable, "-m", "tests.support.delay_proxy"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
+            encoding="utf-8",
+            errors="replace",
             preexec_fn=lambda: os.sched_setaffinity(0, cores),
         )
         line = _read_line(self._proc, 60, "the delay proxy")

@@ -315,7 +315,8 @@ class WorkerProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
-            text=True,
+            encoding="utf-8",
+            errors="replace",
             env=env,
         )
         if self._proc.stdin is None or self._proc.stdout is None:  # never: both are pipes

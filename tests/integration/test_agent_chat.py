@@ -172,7 +172,8 @@ def test_chat_agent_answers_exactly_as_the_pipeline(
             str(_endpoint_file(agent)),
         ],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -463,7 +464,8 @@ def test_ask_holds_a_conversation_over_stdin(
         ],
         input=f"{PROMPTS[0]}\n\nAnd of Italy?\n",
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=120,
     )
     assert done.returncode == 0, done.stderr

@@ -46,7 +46,9 @@ def _size_mb(folder: Path) -> float:
 def test_a_donor_install_has_no_export_packages_and_says_which_extra_export_needs(donor_venv: Path) -> None:
     python = str(donor_venv / "bin" / "python")
     probe = "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])"
-    found = subprocess.run([python, "-c", probe, *EXPORT_ONLY], capture_output=True, text=True, check=True)
+    found = subprocess.run(
+        [python, "-c", probe, *EXPORT_ONLY], capture_output=True, encoding="utf-8", errors="replace", check=True
+    )
     assert found.stdout.strip() == "[]"
     export = subprocess.run(
         [
@@ -59,7 +61,8 @@ def test_a_donor_install_has_no_export_packages_and_says_which_extra_export_need
             str(donor_venv.parent / "x"),
         ],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=120,
     )
     assert export.returncode == 1
@@ -98,7 +101,8 @@ def test_a_donor_install_serves_answers_and_reports_status(
     answer = subprocess.run(
         [shoal, "ask", "What is the capital of France?", "--chat-file", str(chat_file), "--max-tokens", "12"],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=180,
     )
     assert answer.returncode == 0, answer.stderr
@@ -114,7 +118,8 @@ def test_a_donor_install_serves_answers_and_reports_status(
             "--json",
         ],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=60,
     )
     assert status.returncode == 0, status.stderr

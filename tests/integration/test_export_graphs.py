@@ -103,7 +103,8 @@ def test_generate_prints_only_the_completion(exported: Callable[..., Path], cach
             "24",
         ],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=300,
     )
     assert result.returncode == 0, result.stderr

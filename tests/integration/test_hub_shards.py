@@ -117,7 +117,9 @@ def test_publish_to_mirror_commits_exactly_the_manifests_files_once_per_change(
     git_dir = mirror_repo_path(mirror.mirrors, REPO_ID)
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", f"--git-dir={git_dir}", *args], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", f"--git-dir={git_dir}", *args], capture_output=True, encoding="utf-8", errors="replace", check=True
+        ).stdout
 
     expected = set(export_paths(Manifest.load(export)))
     assert set(git("ls-tree", "-r", "--name-only", good).split()) == expected

@@ -81,7 +81,8 @@ def _status(lab: NetLab, host: int, address: tuple[str, int], identity: NodeIden
             ],
         ),
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
@@ -122,7 +123,11 @@ def test_a_stage_cut_off_mid_answer_fails_that_answer_and_the_ring_heals(
     try:
         wait_for(lambda: links_to_next() >= 1, 30, "stage 0 to reach stage 1 across the lab")
         before = subprocess.run(
-            _head(netlab, 3, folder, cache_dir, head, ring, SHORT, 16), capture_output=True, text=True, timeout=180
+            _head(netlab, 3, folder, cache_dir, head, ring, SHORT, 16),
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=180,
         )
         assert before.returncode == 0, before.stderr
 
@@ -130,7 +135,8 @@ def test_a_stage_cut_off_mid_answer_fails_that_answer_and_the_ring_heals(
             _head(netlab, 3, folder, cache_dir, head, ring, LONG, 1500),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
+            encoding="utf-8",
+            errors="replace",
         )
         try:
             assert answer.stdout is not None and answer.stderr is not None
@@ -162,7 +168,11 @@ def test_a_stage_cut_off_mid_answer_fails_that_answer_and_the_ring_heals(
         netlab.restore(2)
         wait_for(lambda: links_to_next() >= 2, 30, "stage 0 to re-dial its successor once it is back")
         after = subprocess.run(
-            _head(netlab, 3, folder, cache_dir, head, ring, SHORT, 16), capture_output=True, text=True, timeout=180
+            _head(netlab, 3, folder, cache_dir, head, ring, SHORT, 16),
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=180,
         )
         assert after.returncode == 0, after.stderr
         assert after.stdout == before.stdout
@@ -208,10 +218,12 @@ def test_a_chat_cut_off_from_its_last_stage_pauses_and_goes_on_once_it_is_back(
         1, [sys.executable, "-m", "agent.cli.main", "ask", LONG, "--max-tokens", "64", "--chat-file", str(chat_file)]
     )
     try:
-        plain = subprocess.run(ask, capture_output=True, text=True, timeout=180)
+        plain = subprocess.run(ask, capture_output=True, encoding="utf-8", errors="replace", timeout=180)
         assert plain.returncode == 0, plain.stderr
 
-        answer = subprocess.Popen(ask, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        answer = subprocess.Popen(
+            ask, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace"
+        )
         try:
             assert answer.stdout is not None and answer.stderr is not None
             head = answer.stdout.read(24)

@@ -130,7 +130,7 @@ class Agents:
     def shoal(self, host: int, *args: str | Path) -> subprocess.CompletedProcess[str]:
         """``shoal ARGS`` run inside ``host``."""
         command = self.lab.command(host, [sys.executable, "-m", "agent.cli.main", *map(str, args)])
-        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+        return subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", timeout=60)
 
     def status(self, host: int) -> dict[str, object]:
         identity = self.identities[f"pc{host}"].cert.parent
@@ -287,7 +287,11 @@ def test_a_fresh_host_joins_with_a_token_bad_tokens_are_refused_and_a_revoked_no
     enrollment = f"{lab.ip(1)}:7300"
     serve = [sys.executable, "-m", "agent.cli.main", "fleet", "serve-enrollment", "--dir", str(fleet)]
     server = subprocess.Popen(
-        lab.command(1, [*serve, "--listen", enrollment]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        lab.command(1, [*serve, "--listen", enrollment]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        encoding="utf-8",
+        errors="replace",
     )
     try:
         assert server.stdout is not None and "ready" in server.stdout.readline()

@@ -72,7 +72,7 @@ class LabFleet:
 
     def shoal(self, host: int, *args: str | Path) -> subprocess.CompletedProcess[str]:
         command = self.lab.command(host, [sys.executable, "-m", "agent.cli.main", *map(str, args)])
-        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+        return subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", timeout=60)
 
     def plan(self, name: str) -> dict[str, Any]:
         host = self.hosts[name]
@@ -96,7 +96,7 @@ class LabFleet:
         command = self.lab.command(
             self.hosts[name], [sys.executable, "-c", ASK, str(chat_file), prompt, str(max_tokens)]
         )
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", timeout=120)
         assert done.returncode == 0, done.stderr
         events = json.loads(done.stdout)
         assert events[-1]["event"] == "done", events[-1]

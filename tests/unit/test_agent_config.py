@@ -194,7 +194,8 @@ def test_a_mistake_in_the_agents_file_is_one_line_and_exit_status_1(tmp_path: Pa
     done = subprocess.run(
         [sys.executable, "-m", "agent.cli.main", "agent", "--config", str(config_file)],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=60,
     )
     assert done.returncode == 1

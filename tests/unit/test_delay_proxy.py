@@ -153,7 +153,8 @@ def test_command_line_adds_forwarders_and_sets_the_delay() -> None:
             [sys.executable, "-m", "tests.support.delay_proxy", "--delay-ms", "5"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
+            encoding="utf-8",
+            errors="replace",
         )
         assert proc.stdin is not None and proc.stdout is not None
 

@@ -27,7 +27,7 @@ def test_no_package_defines_an_error_class_of_its_own() -> None:
         for path in (REPO / package).rglob("*.py"):
             if path == REPO / "agent" / "errors.py":
                 continue
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ClassDef) and (node.name.endswith("Error") or node.name.endswith("Exception")):
                     outside.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
     assert outside == []

@@ -143,7 +143,9 @@ def test_a_mirror_publish_commits_the_listed_files_on_main(tmp_path: Path) -> No
     git_dir = tmp_path / "mirror" / "models" / "org" / "name"
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", f"--git-dir={git_dir}", *args], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", f"--git-dir={git_dir}", *args], capture_output=True, encoding="utf-8", errors="replace", check=True
+        ).stdout
 
     assert git("symbolic-ref", "HEAD").strip() == "refs/heads/main"
     assert git("rev-parse", "main").strip() == first

@@ -9,7 +9,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-CONFTEST = (Path(__file__).parents[1] / "conftest.py").read_text()
+CONFTEST = (Path(__file__).parents[1] / "conftest.py").read_text(encoding="utf-8")
 
 CASES = """
 import asyncio, threading, time
