@@ -15,7 +15,9 @@ Figures (the goals of issue 24):
 - ``failover_s``: a fifth agent stands by with its stage compiled; from ``kill -9`` of that stage's agent to
   the re-planned ring's next answer;
 - ``mirror_mb_s`` / ``http_mb_s`` / ``download_ratio``: the largest stage file fetched by ``huggingface_hub``
-  from olah, against a plain HTTP download of the same file from the same host (goal ratio >= 0.8).
+  from olah, against a plain HTTP download of the same file from the same host (goal ratio >= 0.8);
+  ``olah_plain_mb_s`` / ``client_ratio``: the same olah URL read plainly, which tells the client's share
+  (``huggingface_hub``: its HEAD, its cache) from the server's.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ from pathlib import Path
 from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
-path, deadline = Path(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+path, deadline, start_at = Path(sys.argv[1]), time.monotonic() + float(sys.argv[2]), float(sys.argv[3])
 async def main():
     tries = 0
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     while time.monotonic() < deadline:
         if path.is_file():
             endpoint = ChatEndpoint.load(path)
@@ -65,9 +68,10 @@ TIMED_DOWNLOAD = """
 import json, sys, time, urllib.request
 from pathlib import Path
 how, out = sys.argv[1], Path(sys.argv[2])
-start = time.monotonic()
 if how == "mirror":
     from huggingface_hub import hf_hub_download
+start = time.monotonic()
+if how == "mirror":  # huggingface_hub, as an agent fetches
     endpoint, repo, revision, filename = sys.argv[3:7]
     path = Path(hf_hub_download(repo, filename, revision=revision, endpoint=endpoint, cache_dir=out))
 else:
@@ -83,6 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export", type=Path, default=None, help="a 3-stage export (default: SmolLM2, made once)")
     parser.add_argument("--downloads", type=int, default=3, help="downloads of each kind (median reported)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--work", type=Path, default=None, help="keep the agents' logs and caches here (default: temp)")
 
 
 def run_plan_bench(args: argparse.Namespace, cache_dir: Path) -> int:
@@ -96,7 +101,8 @@ def run_plan_bench(args: argparse.Namespace, cache_dir: Path) -> int:
     export = args.export or _default_export(cache_dir)
     report: dict[str, Any] = {"machine": f"{platform.node()} {platform.machine()}", "date": time.strftime("%F %R")}
     with tempfile.TemporaryDirectory() as folder:
-        root = Path(folder)
+        root = Path(args.work or folder)
+        root.mkdir(parents=True, exist_ok=True)
         lab = NetLab("shoalpb", HOSTS, net="10.215.0")
         lab.up()
         mirror = OlahMirror(root / "mirror", host=lab.ip(MIRROR_HOST), command_prefix=lab.command(MIRROR_HOST, []))
@@ -137,8 +143,9 @@ class _PlanBench:
             raise BenchError(f"shoal publish failed: {done.stderr.strip()}")
         return done.stdout.split(f"{REPO}@")[1].split()[0]
 
-    def _asker(self, timeout: float) -> subprocess.Popen[str]:
-        command = [sys.executable, "-c", ASK_UNTIL_ANSWERED, str(self.chat_file), str(timeout)]
+    def _asker(self, timeout: float, start_at: float = 0.0) -> subprocess.Popen[str]:
+        """A client in the head's host that asks from ``start_at`` (a monotonic time) until an answer ends."""
+        command = [sys.executable, "-c", ASK_UNTIL_ANSWERED, str(self.chat_file), str(timeout), str(start_at)]
         return subprocess.Popen(
             self.lab.command(HEAD_HOST, command), stdout=subprocess.PIPE, encoding="utf-8", errors="replace"
         )
@@ -188,9 +195,9 @@ class _PlanBench:
         self.fleet.start("pc5", MIRROR_HOST)
         self.fleet.until(lambda: self._standby() is not None, 180, "pc5 standing by with its stage compiled")
         victim = str(self._standby())
-        asker = self._asker(60)
-        time.sleep(1.0)  # the asker's own start (imports) is not the failover's time
-        began = time.monotonic()
+        began = time.monotonic() + 3.0  # the asker's own start (imports) is not the failover's time
+        asker = self._asker(60, start_at=began)
+        time.sleep(max(0.0, began - time.monotonic()))
         self.fleet.running[victim].process.kill()
         return self._answered(asker, began, f"failover after kill -9 of {victim}")
 
@@ -221,12 +228,17 @@ class _PlanBench:
         try:
             time.sleep(1.0)
             url = f"http://{self.lab.ip(MIRROR_HOST)}:{HTTP_PORT}/{largest.path}"
-            rates: dict[str, list[float]] = {"mirror": [], "http": []}
+            olah_url = f"{self.fleet.endpoint}/{REPO}/resolve/{commit}/{largest.path}"
+            rates: dict[str, list[float]] = {"mirror": [], "olah_plain": [], "http": []}
             for run in range(runs):
-                for how in ("mirror", "http"):
+                for how in rates:
                     out = self.root / f"download-{how}-{run}"
                     out.mkdir()
-                    extra = [self.fleet.endpoint, REPO, commit, largest.path] if how == "mirror" else [url]
+                    extra = {
+                        "mirror": [self.fleet.endpoint, REPO, commit, largest.path],
+                        "olah_plain": [olah_url],
+                        "http": [url],
+                    }[how]
                     command = [sys.executable, "-c", TIMED_DOWNLOAD, how, str(out), *extra]
                     done = subprocess.run(
                         self.lab.command(1, command),
@@ -244,10 +256,12 @@ class _PlanBench:
         finally:
             server.terminate()
             server.wait(10)
-        mirror, http = statistics.median(rates["mirror"]), statistics.median(rates["http"])
+        mirror, plain, http = (statistics.median(rates[how]) for how in ("mirror", "olah_plain", "http"))
         return {
             "file_mb": round(largest.size / 1e6, 1),
             "mirror_mb_s": round(mirror, 1),
+            "olah_plain_mb_s": round(plain, 1),
             "http_mb_s": round(http, 1),
             "download_ratio": round(mirror / http, 2),
+            "client_ratio": round(mirror / plain, 2),
         }

@@ -68,6 +68,8 @@ REQUEST_TIMEOUT = 10.0
 """A client must send its request line within this long after connecting."""
 RING_TIMEOUT = 15.0
 """How long a chat waits for the rest of the ring to be reachable before it fails."""
+PLAN_RING_TIMEOUT = 2.0
+"""The same for one attempt on a fleet plan's ring, which is looked up again before the next attempt."""
 MAX_REPLAYS = 3
 """Times one answer is replayed into a fresh session after losing its ring (``ChatService._tokens``)."""
 REPLAY_WAIT = 120.0
@@ -535,7 +537,7 @@ class ChatService:
         else:
             try:
                 client = await self._ring()
-                target, turn = await client.open_session(params, RING_TIMEOUT), client.turn
+                target, turn = await client.open_session(params, self._ring_timeout), client.turn
             except RingError as exc:  # joining the ring failed (a busy stage answers only the first step)
                 raise PeerUnavailableError(str(exc)) from exc
         return KeptConversation(ResumableTarget(target, params), (), turn)
@@ -569,9 +571,15 @@ class ChatService:
                     liveness=self.config.liveness,
                     deadline=StepDeadline(self.config.step_timeout),
                 )
-                await client.connect(RING_TIMEOUT)
+                await client.connect(self._ring_timeout)
                 self._client = client
             return self._client
+
+    @property
+    def _ring_timeout(self) -> float:
+        """How long one attempt to reach the ring retries its addresses. A plan's ring is looked up again at
+        each attempt (its stage may have moved to a standby): a short attempt, so a replay follows the plan."""
+        return PLAN_RING_TIMEOUT if self._route is not None else RING_TIMEOUT
 
     def _ring_addresses(self) -> tuple[tuple[str, int], tuple[str, int]]:
         """The first stage this head sends to and the last one that answers it (config checked them; in a

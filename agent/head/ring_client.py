@@ -221,7 +221,8 @@ class RingClient:
     async def send_first(self, frame: Frame) -> None:
         if self.failure is not None:
             raise self.failure
-        assert self._first is not None
+        if self._first is None:  # closed: the plan moved the ring, or the agent stops
+            raise PeerUnavailableError(f"{self.node}: this head's ring connection is closed")
         await self._first.send(frame)
 
     def forget(self, session: RingSession) -> None:
@@ -426,5 +427,7 @@ class RingSession:
             self._watchdog = None
         self.client.forget(self)
         if self._opened and self.client.failure is None:
-            # also after a failure: a stage that still holds the session (an answer that never came) frees it
-            await self.client.send_first(Frame(FrameType.CLOSE, session=self.id))
+            # also after a failure: a stage that still holds the session (an answer that never came) frees it;
+            # a closed connection freed it already (every stage drops the sessions of a head that left)
+            with contextlib.suppress(PeerUnavailableError):
+                await self.client.send_first(Frame(FrameType.CLOSE, session=self.id))

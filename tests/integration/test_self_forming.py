@@ -219,6 +219,9 @@ def test_agents_with_only_an_identity_form_the_plans_ring_follow_pins_and_fail_o
             stage = next(a.stage for a in _plan(first).assignments if a.standbys)
             leaving = next(d for d in daemons if _node(d) == _plan(first).node_of(stage))
             standby = _plan(first).standbys_of(stage)[0]
+            # a chat in flight as the agent leaves is replayed through the new plan's ring, and ends the same
+            answer = asyncio.create_task(chat(head))
+            await until(lambda: head.chats is not None and head.chats.status()["running"] > 0, 30, "a chat running")
             await leaving.stop()
             daemons.remove(leaving)
             took = await until(
@@ -230,6 +233,7 @@ def test_agents_with_only_an_identity_form_the_plans_ring_follow_pins_and_fail_o
                 "the standby serving the stage",
             )
             print(f"stage {stage} failed over to its standby in {took:.1f} s")
+            assert tokens(await answer) == reference
             assert tokens(await chat(head)) == reference
 
     asyncio.run(main())
