@@ -16,7 +16,7 @@ TXT layout (schema 1). Every entry is ``key=value`` and at most 255 bytes (RFC 6
     i    instance: random per process start     t   process start, Unix seconds (who came first)
     q    sequence number, raised on every change (a receiver keeps the newest)
     dev  OpenVINO devices, comma-separated      mem MiB it can give a shard   spd measured speed (GFLOP/s)
-    st   stages held, ``index:state`` comma-separated (state: downloading, compiling, ready, standby), a
+    st   stages held, ``index:state`` comma-separated (state: cached, downloading, compiling, ready, standby), a
          download with its progress as ``index:downloading@percent``
     d    donor state (serving, idle, busy)
 """
@@ -37,7 +37,7 @@ SERVICE_TYPE = "_shoal._tcp.local."
 MAX_ENTRY = 255
 """RFC 6763 §6.1: each TXT string holds at most 255 bytes, ``key=value`` included."""
 
-STAGE_STATES = ("downloading", "compiling", "ready", "standby")
+STAGE_STATES = ("cached", "downloading", "compiling", "ready", "standby")
 DONOR_STATES = ("serving", "idle", "busy")
 
 _INSTANCE = re.compile(r"[0-9a-f]{8,32}")

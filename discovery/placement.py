@@ -22,7 +22,9 @@ The rules, in the order they win:
 4. **The cost of moving.** Moving a stage costs a download and a compile, and the ring waits meanwhile. So any
    placement whose bottleneck is within :data:`MOVE_MARGIN` of the best will do, and among those a stage
    stays where it runs; else it goes to its named standby; else to a member that holds its files; else to the
-   fastest free member (members on probation last; ties by node id). A running stage moves for speed only
+   fastest free member (members on probation last; ties by node id). A stage given to a member that does
+   not hold its files yet goes to one that does, once one does (a fleet restarted with its caches: the first
+   plan may come before the members have said which stages they hold). A running stage moves for speed only
    when the ring would be more than 20 % faster without it there *and* a member holding its files can take
    it: a faster member that joins first stands by (fetching and compiling the stage), and takes the stage
    over on a later plan, at the cost of no download.
@@ -64,7 +66,7 @@ ME = "me"
 """The :attr:`Candidate.state` of the agent that plans (``membership.me``)."""
 ASSIGNABLE = frozenset({"member", ME})
 """Candidate states that can be given a stage: a verified member whose control link is up, or this agent."""
-HOLDING = frozenset({"compiling", "ready", "standby"})
+HOLDING = frozenset({"cached", "compiling", "ready", "standby"})
 """Announced stage states whose files are on the member's disk already (a ``downloading`` one is not there)."""
 
 KV_SESSIONS = 1
@@ -510,7 +512,13 @@ class _Planner:
             was = self.index.get(self.was.get(s, ""))
             if was is None or was not in self.rank or not self.fits(s, was):
                 continue
-            if self.time(s, was) <= limit or not self._ready_elsewhere(s, was, limit):
+            if self.time(s, was) <= limit:
+                # not there yet (downloading) while a spare member holds its files: a restarted fleet's first
+                # plan came before the members said which stages their caches hold
+                stays = was in self.holders.get(s, [was]) or not self._held_by_a_spare(s, was, limit)
+            else:
+                stays = not self._ready_elsewhere(s, was, limit)
+            if stays:
                 owner[was] = s
         placed = set(owner.values())
         for s in self.auto_order:
@@ -530,6 +538,15 @@ class _Planner:
         """Whether another free member holds stage ``s``'s files and runs it within ``limit`` (rule 4: a running
         stage moves for speed only to a member that has its files, so the move costs no download)."""
         return any(i != was and self.fits(s, i) and self.time(s, i) <= limit for i in self.holders.get(s, []))
+
+    def _held_by_a_spare(self, s: int, was: int, limit: float) -> bool:
+        """Whether a steady member the previous plan gave no stage holds stage ``s``'s files and runs it within
+        ``limit`` (one on probation comes after every steady member: rule 5)."""
+        busy = {self.index.get(node) for node in self.was.values()}
+        return any(
+            i != was and i not in busy and not self.on_probation[i] and self.fits(s, i) and self.time(s, i) <= limit
+            for i in self.holders.get(s, [])
+        )
 
     def _standbys(self, served: dict[int, int], without: set[int], users: dict[int, int]) -> dict[int, list[int]]:
         """Rule 6: spare members that can hold each served stage, the ones named before first; the slowest

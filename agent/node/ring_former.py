@@ -105,6 +105,8 @@ class RingFormer:
         self._compile = compile_stage or self._compile_stage
         self._tasks = OwnedTasks()
         self._held: _Held | None = None
+        self._cache_seen: tuple[str, tuple[int, ...]] | None = None
+        """(export, stages) the shard cache was found holding (looked at once per export: a fetch adds to it)."""
         self._head_export: str | None = None
         self._serving: tuple[str, int, tuple[str, int] | None] | None = None
         """(export, stage, next address) the server serves now."""
@@ -156,15 +158,18 @@ class RingFormer:
             folder = await self._fetch(model, (), head=True)
             await self.chats.use_export(folder, manifest)
             self._head_export = manifest.export_id
+        duty = None if record is None else duty_of(record.plan, self.plan.me)
+        if duty is None:
+            # say which stages this agent's cache holds: the plan gives them to it before anyone downloads
+            cached = await self._cached(model, manifest)
+            await self._announce(tuple(HeldStage(i, "cached") for i in cached))
         if record is None:
             self.activity = "waiting for the plan"
             return
-        duty = duty_of(record.plan, self.plan.me)
         if duty is None:
             self.activity = "serving no stage (the plan needs no more PCs)"
             await self._unserve(manifest)
             self._held = None
-            await self._announce(())
             return
         stage = await self._hold(model, manifest, duty.stage)
         if not duty.serve:
@@ -180,6 +185,13 @@ class RingFormer:
         self.activity = f"serving stage {duty.stage}"
         await self._announce((HeldStage(duty.stage, "ready"),))
 
+    async def _cached(self, model: ModelSource, manifest: Manifest) -> tuple[int, ...]:
+        if self._cache_seen is None or self._cache_seen[0] != manifest.export_id:
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(None, self.source.cached_stages, model, manifest)
+            self._cache_seen = (manifest.export_id, found)
+        return self._cache_seen[1]
+
     async def _hold(self, model: ModelSource, manifest: Manifest, index: int) -> Stage:
         """Stage ``index`` of ``manifest``, compiled (fetched first if it is not held already)."""
         held = self._held
@@ -191,6 +203,8 @@ class RingFormer:
         await self._announce((HeldStage(index, "downloading"),))
         self.activity = f"fetching stage {index}"
         folder = await self._fetch(model, (index,), head=False)
+        if self._cache_seen is not None and self._cache_seen[0] == manifest.export_id:
+            self._cache_seen = (manifest.export_id, tuple(sorted({*self._cache_seen[1], index})))
         await self._announce((HeldStage(index, "compiling"),))
         self.activity = f"compiling stage {index}"
         loop = asyncio.get_running_loop()

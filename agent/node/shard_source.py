@@ -18,7 +18,7 @@ from pathlib import Path
 
 from agent.errors import ManifestError
 from discovery.fleet_document import ModelSource
-from shards.manifest import Manifest
+from shards.manifest import FileEntry, Manifest
 
 Progress = Callable[[int, int], None]
 """Told ``(bytes done, bytes in all)`` as a fetch goes on."""
@@ -67,6 +67,27 @@ class ShardSource:
         return fetch_shards(
             request, cache_dir=self.cache_dir, endpoint=self.endpoint, progress=progress, progress_bar=bar
         )
+
+    def cached_stages(self, model: ModelSource, manifest: Manifest) -> tuple[int, ...]:
+        """The stages whose files this agent has already, each of the manifest's size (not hashed: the fetch
+        that uses them checks them), so that the plan can prefer it for them and spare a download."""
+        return tuple(i for i, graph in enumerate(manifest.stages) if all(self._has(model, f) for f in graph.files))
+
+    def _has(self, model: ModelSource, entry: FileEntry) -> bool:
+        if model.export_dir is not None:
+            path: str | Path | None = Path(model.export_dir) / entry.path
+        else:
+            from huggingface_hub import try_to_load_from_cache
+
+            assert model.repo_id is not None and model.revision is not None
+            found = try_to_load_from_cache(
+                model.repo_id, entry.path, cache_dir=self.cache_dir, revision=model.revision, repo_type="model"
+            )
+            path = found if isinstance(found, str) else None
+        try:
+            return path is not None and Path(path).stat().st_size == entry.size
+        except OSError:
+            return False
 
 
 def _check_stages(manifest: Manifest, stages: tuple[int, ...]) -> None:

@@ -21,8 +21,10 @@ from huggingface_hub import CommitInfo
 from huggingface_hub.utils import filter_repo_objects
 
 from agent.errors import IntegrityError, SourceError
+from agent.node.shard_source import ShardSource
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.stage import CompiledStage
+from discovery.fleet_document import ModelSource
 from shards.hub.fetch import ShardRequest, fetch_manifest, fetch_shards
 from shards.hub.publish import export_paths, mirror_repo_path, publish_to_hub, publish_to_mirror
 from shards.manifest import MANIFEST_NAME, Manifest, sha256_file
@@ -143,6 +145,20 @@ def test_a_stage_fetch_brings_only_that_stage_and_it_compiles(export: Path, stag
     assert fetched == manifest
     compiled = CompiledStage(stage1.folder, fetched.stages[1], fetched.weights, RuntimeConfig(device="CPU", threads=1))
     assert compiled.graph.name == stage.name
+
+
+def test_an_agent_tells_which_stages_its_cache_holds(export: Path, good: str, stage1: Fetched, tmp_path: Path) -> None:
+    manifest = Manifest.load(export)
+    model = ModelSource(repo_id=REPO_ID, revision=good)
+    assert ShardSource(cache_dir=stage1.cache).cached_stages(model, manifest) == (1,)
+    assert ShardSource(cache_dir=tmp_path / "empty").cached_stages(model, manifest) == ()
+    cut = warm(stage1, tmp_path)
+    with open(max(blobs(cut), key=lambda p: p.stat().st_size), "r+b") as blob:  # the stage's weights
+        blob.truncate(1024)  # a download cut off: not held
+    assert ShardSource(cache_dir=cut).cached_stages(model, manifest) == ()
+    assert ShardSource().cached_stages(ModelSource(export_dir=str(export)), manifest) == tuple(
+        range(len(manifest.stages))
+    )
 
 
 def test_a_head_fetch_through_hf_endpoint_brings_the_tokenizer_and_the_draft(

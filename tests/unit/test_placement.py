@@ -239,6 +239,20 @@ def test_a_joining_member_stands_by_and_moves_nothing() -> None:
     assert settled.hash == joined.hash and settled.epoch == joined.epoch
 
 
+def test_a_stage_not_yet_held_where_it_was_given_goes_to_a_member_whose_cache_holds_it() -> None:
+    # a fleet restarted with its caches: the first plan came before anyone said which stages it holds
+    blind = plan(doc(), needs(1.0, 1.0), [cand(1), cand(2), cand(3)])
+    given = {s: blind.node_of(s) for s in (0, 1)}
+    holder = next(n for n in (1, 2, 3) if node(n) not in given.values())
+    told = [cand(n, held=(0,) if n == holder else ()) for n in (1, 2, 3)]
+    replanned = plan(doc(), needs(1.0, 1.0), told, blind)
+    assert replanned.node_of(0) == node(holder) and replanned.node_of(1) == given[1]
+    assert "kept on" not in replanned.assignments[0].reason
+    # once the stage's node holds its files, it stays there, whoever else holds them too
+    both = [cand(n, held=(0,) if node(n) in (given[0], node(holder)) else ()) for n in (1, 2, 3)]
+    assert plan(doc(), needs(1.0, 1.0), both, blind).node_of(0) == given[0]
+
+
 def test_a_much_faster_member_moves_a_stage_once_the_margin_is_beaten() -> None:
     members = [cand(1, speed=10), cand(2, speed=5)]
     first = plan(doc(), needs(1.0, 1.0), members)
