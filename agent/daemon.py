@@ -21,9 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
-import json
 import logging
-import os
 import secrets
 import signal
 import sys
@@ -35,10 +33,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.errors import ConfigError
 from agent.fleet import NodeIdentity, read_certificate
-from agent.fleet.authority import write_atomic
 from agent.node.config import LOOPBACK, AgentConfig
 from agent.node.facts import HostFacts, matmul_gflops, measure_host
 from agent.node.ring_former import RingFormer
+from agent.node.running import RUNNING_FILE, write_running_record
 from agent.node.server import StageServer
 from agent.node.shard_source import ShardSource
 from agent.runtime.protocol import Stage
@@ -364,29 +362,6 @@ def _check_ring_flags(config: AgentConfig, manifest: Manifest) -> None:
         )
 
 
-RUNNING_FILE = "agent.json"
-"""Written into the identity folder while the agent runs: where it listens (``shoal doctor`` reads it)."""
-
-
-def running_agent(identity_folder: Path) -> str | None:
-    """``HOST:PORT`` of the agent running with the identity in ``identity_folder`` (None: none runs), dialable
-    from this PC (an agent listening on every interface is reached on loopback)."""
-    try:
-        record = json.loads((identity_folder / RUNNING_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    listen = record.get("listen") if isinstance(record, dict) else None
-    if not isinstance(listen, str):
-        return None
-    host, _, port = listen.rpartition(":")
-    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "") else listen
-
-
-def _write_running(path: Path, node: str, addresses: DaemonAddresses) -> None:
-    record = {"node": node, "listen": f"{addresses.ring[0]}:{addresses.ring[1]}", "pid": os.getpid()}
-    write_atomic(path, json.dumps(record).encode(), private=False)
-
-
 async def serve(config: AgentConfig, parts: Sequence[DaemonPart] = ()) -> int:
     """Build and start the daemon, then run until SIGINT/SIGTERM; returns the exit status."""
     daemon = await Daemon.build(config, parts)
@@ -398,7 +373,7 @@ async def serve(config: AgentConfig, parts: Sequence[DaemonPart] = ()) -> int:
             loop.add_signal_handler(signum, stop.set)
     print(daemon.ready_line(addresses), flush=True)
     running = config.identity_dir / RUNNING_FILE
-    await loop.run_in_executor(None, _write_running, running, daemon.node, addresses)
+    await loop.run_in_executor(None, write_running_record, running, daemon.node, addresses.ring)
     try:
         stopping = asyncio.ensure_future(stop.wait())
         failed = asyncio.ensure_future(daemon.stopped.wait())

@@ -1,0 +1,13 @@
+"""``shoal chat``: the terminal UI (Textual), a client of this PC's agent (its chat endpoint and its status).
+
+- ``app``: :class:`~tui.app.ChatApp`, the state and the workers; ``app.tcss``: every style;
+- the widgets, one a file: ``conversation``, ``message``, ``prompt_input``, ``fleet_view``, ``throughput``,
+  ``status_line``; the dialogs ``settings`` and ``history``;
+- what they show, as plain values: ``fleet`` (the report of a status document), ``answer`` (an answer's
+  tally and stats line), ``generation`` (the request's settings), ``events`` (the workers' messages);
+- where data comes from: ``sources`` (the chat and status sources, behind Protocols) and ``store``
+  (conversations in SQLite).
+
+It imports ``agent.chat`` (the protocol and client) and ``agent.errors``, never the agent's runtime: the
+command line (``agent/cli/chat_cmd.py``) hands it the status link.
+"""

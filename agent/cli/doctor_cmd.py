@@ -13,10 +13,11 @@ from cryptography.hazmat.primitives import serialization
 
 from agent.cli.common import identity_dir
 from agent.cli.status_cmd import StatusLink
-from agent.daemon import running_agent, software_version
+from agent.daemon import software_version
 from agent.errors import FleetError, RingError
 from agent.fleet import NodeIdentity, read_certificate
 from agent.node.config import parse_address
+from agent.node.running import running_agent
 from discovery.doctor import Finding, check_agent, check_certificate, check_members, check_multicast
 from discovery.kept import revocation_keeper
 from discovery.mdns import MulticastProbe, probe_multicast

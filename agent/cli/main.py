@@ -307,11 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--identity", type=Path, default=None, help="this PC's identity folder (to reach --push)")
 
+    from agent.cli.chat_cmd import add_chat_command
     from agent.cli.plan_cmd import add_plan_commands
     from agent.cli.publish_cmd import add_publish_command
 
     add_plan_commands(sub, fleet)
     add_publish_command(sub)
+    add_chat_command(sub)
     p = sub.add_parser("join", help="enroll this PC in a fleet with a join token (from `shoal fleet token`)")
     p.add_argument("address", metavar="TOKEN@HOST:PORT", help="the token and the enrollment server's address")
     p.add_argument("--name", default=None, help="this PC's node name (default: its host name)")
@@ -360,6 +362,10 @@ def _run_command(args: argparse.Namespace, cache_dir: Path) -> int:
         from agent.cli.ask_cmd import run_ask
 
         return run_ask(args, default_data_dir())
+    if args.command == "chat":
+        from agent.cli.chat_cmd import run_chat
+
+        return run_chat(args, default_data_dir())
     if args.command == "doctor":
         from agent.cli.doctor_cmd import run_doctor
 

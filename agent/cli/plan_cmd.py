@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.common import identity_dir
-from agent.daemon import running_agent
 from agent.errors import FleetError, PeerUnavailableError, RingError
 from agent.fleet import NodeIdentity
 from agent.node.config import parse_address
+from agent.node.running import running_agent
 from discovery import control
 from discovery.admin import current_fleet_document, edit_fleet_document, push_document
 from discovery.fleet_document import FleetDocument, ModelSource, Pin, serving, with_pin, without_pin

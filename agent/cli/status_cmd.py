@@ -11,10 +11,10 @@ from typing import Any
 
 from agent.cli.common import identity_dir
 from agent.cli.plan_cmd import plan_lines
-from agent.daemon import running_agent
 from agent.errors import ConfigError, RingError
 from agent.fleet import NodeIdentity
 from agent.node.config import parse_address
+from agent.node.running import running_agent
 from agent.transport.connection import FrameConnection, dial, expect
 from agent.transport.tls import client_context
 from agent.wire import Frame, FrameType

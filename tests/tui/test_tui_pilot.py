@@ -1,0 +1,330 @@
+"""The app driven by Textual's Pilot at 80×24 against fake sources and a fixed clock: a prompt streams into
+the view, Esc closes the stream, a conversation resumes after a restart, the fleet table follows the status,
+and an unreachable or frozen agent leaves the app answering keys."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.command import CommandList
+from textual.widgets import DataTable, Input, Label, Markdown
+
+from agent.chat.protocol import ChatEvent
+from tests.tui.fakes import FakeChat, FakeStatus, FixedClock, fleet_status, tokens, until
+from tui.app import ChatApp
+from tui.conversation import ConversationView
+from tui.fleet_view import FleetView
+from tui.history import HistoryScreen
+from tui.prompt_input import PromptInput
+from tui.settings import SettingsScreen
+from tui.status_line import StatusLine
+from tui.store import ConversationStore
+
+pytestmark = pytest.mark.tui
+SIZE = (80, 24)
+
+
+def run(main: Callable[[], Awaitable[None]], timeout: float = 30.0) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(main(), timeout)
+
+    asyncio.run(bounded())
+
+
+def make_app(
+    tmp_path: Path, chat: FakeChat, status: FakeStatus | None = None, clock: FixedClock | None = None
+) -> ChatApp:
+    clock = clock or FixedClock()
+    store = ConversationStore(tmp_path / "conversations.sqlite", clock)
+    return ChatApp(chat, status or FakeStatus(fleet_status()), store, clock=clock, poll_seconds=0.05)
+
+
+def answers(app: ChatApp) -> list[str]:
+    return [m.text for m in app.query_one(ConversationView).messages if m.role == "assistant"]
+
+
+def notes(app: ChatApp) -> list[str]:
+    return [str(m.note) for m in app.query_one(ConversationView).messages if m.role == "assistant"]
+
+
+async def type_prompt(pilot: Any, text: str) -> None:
+    """Type ``text`` key by key (each press waits for the app to be idle: keep it short)."""
+    await pilot.press(*text)
+
+
+async def send(app: ChatApp, pilot: Any, text: str) -> None:
+    """Put ``text`` in the prompt and press Enter."""
+    app.prompt.text = text
+    await pilot.press("enter")
+
+
+def test_a_prompt_streams_its_answer_into_the_view_with_its_rate_and_time_to_first_token(tmp_path: Path) -> None:
+    clock = FixedClock()
+    chat = FakeChat(
+        [*tokens("Paris", " is", " the", " capital.")[:4], None],
+        tokens("Lyon", " too.", tokens=2, seconds=0.25),
+        clock=clock,
+        latency=0.25,
+    )
+
+    async def main() -> None:
+        app = make_app(tmp_path, chat, clock=clock)
+        async with app.run_test(size=SIZE) as pilot:
+            await type_prompt(pilot, "capital?")
+            await pilot.press("enter")
+            await until(pilot, lambda: chat.holding.is_set() and answers(app) == ["Paris is the capital."], "tokens")
+            # streaming: the answer's text so far is in the view, the stream is open, the status says so
+            assert app.streaming and chat.closed_early == []
+            assert "streaming" in app.query_one(StatusLine).chat[0]
+            assert app.query_one(PromptInput).text == ""  # the prompt went, the area is empty for the next
+            await pilot.press("escape")
+            await until(pilot, lambda: not app.streaming, "the answer to stop")
+            # the second prompt carries the first turn (its partial answer kept) as history
+            await type_prompt(pilot, "Lyon?")
+            await pilot.press("enter")
+            await until(pilot, lambda: len(notes(app)) == 2 and "tok/s" in notes(app)[1], "the second answer")
+            assert answers(app)[1] == "Lyon too."
+            assert notes(app)[1] == "2 tokens · first token 0.25 s · 8.0 tok/s"
+            markdown = app.query(Markdown).last()
+            assert markdown.source == "Lyon too."
+
+    run(main)
+    assert chat.requests[0][0] == (("user", "capital?"),)
+    assert chat.requests[1][0] == (
+        ("user", "capital?"),
+        ("assistant", "Paris is the capital."),
+        ("user", "Lyon?"),
+    )
+
+
+def test_escape_closes_the_stream_mid_answer_and_the_note_says_stopped(tmp_path: Path) -> None:
+    chat = FakeChat([ChatEvent("token", id=1, text="Once"), ChatEvent("token", id=2, text=" upon"), None])
+
+    async def main() -> None:
+        app = make_app(tmp_path, chat)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(app, pilot, "a story")
+            await until(pilot, lambda: chat.holding.is_set() and answers(app) == ["Once upon"], "two tokens")
+            assert any(b.binding.action == "stop" for b in app.screen.active_bindings.values() if b.binding.show)
+            await pilot.press("escape")
+            await until(pilot, lambda: chat.closed_early == [True], "the fake to see its stream closed")
+            await until(pilot, lambda: notes(app) == ["stopped after 2 tokens · first token 0.00 s"], "the note")
+            assert not app.streaming
+            assert app.query_one(StatusLine).chat == ("stopped after 2 tokens", "warning")
+
+    run(main)
+
+
+def test_a_new_conversation_mid_answer_stops_it_and_the_late_tokens_go_nowhere(tmp_path: Path) -> None:
+    chat = FakeChat([ChatEvent("token", id=1, text="Half"), None], tokens("Fresh."))
+
+    async def main() -> None:
+        app = make_app(tmp_path, chat)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(app, pilot, "long one")
+            await until(pilot, lambda: chat.holding.is_set() and answers(app) == ["Half"], "the first token")
+            await pilot.press("ctrl+n")
+            await until(pilot, lambda: chat.closed_early == [True] and not app.streaming, "the stream closed")
+            assert answers(app) == [] and app.thread.history == []
+            await send(app, pilot, "again")
+            await until(pilot, lambda: answers(app) == ["Fresh."], "the new conversation's answer")
+            # the stopped answer was kept in its own conversation, apart from the new one
+            await until(pilot, lambda: app.thread.id is not None, "the new turn saved")
+        listed = await ConversationStore(tmp_path / "conversations.sqlite").conversations()
+        assert sorted((c.title, c.messages) for c in listed) == [("again", 2), ("long one", 2)]
+
+    run(main)
+    assert chat.requests[1][0] == (("user", "again"),)
+
+
+def test_every_action_is_in_the_command_palette(tmp_path: Path) -> None:
+    async def main() -> None:
+        app = make_app(tmp_path, FakeChat())
+        async with app.run_test(size=SIZE) as pilot:
+            titles = [c.title for c in app.get_system_commands(app.screen)]
+            for action in ("Send the prompt", "Stop the answer", "New conversation", "Conversations"):
+                assert action in titles
+            assert "Generation settings" in titles and "Show the fleet or the chat" in titles
+            await pilot.press("ctrl+p")
+            await pilot.press(*"generation")
+            await until(pilot, lambda: app.screen.query_one(CommandList).option_count > 0, "the palette's match")
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, SettingsScreen), "the settings, from the palette")
+
+    run(main)
+
+
+def test_an_error_shows_in_a_notification_and_the_status_line_and_gives_the_prompt_back(tmp_path: Path) -> None:
+    chat = FakeChat([ChatEvent.error("fleet_busy", "every stage holds its 8 sessions")])
+
+    async def main() -> None:
+        app = make_app(tmp_path, chat)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(app, pilot, "hello")
+            await until(pilot, lambda: not app.streaming and notes(app) != [""], "the error")
+            assert notes(app) == ["✗ fleet_busy: every stage holds its 8 sessions"]
+            assert app.query_one(StatusLine).chat == ("fleet_busy: every stage holds its 8 sessions", "error")
+            assert [n.message for n in app._notifications] == ["fleet_busy: every stage holds its 8 sessions"]
+            assert app.query_one(PromptInput).text == "hello"  # to send again
+            assert app.thread.history == []  # a failed turn is not history
+
+    run(main)
+
+
+def test_a_conversation_resumes_after_the_app_restarts_and_one_can_be_deleted(tmp_path: Path) -> None:
+    first = FakeChat(tokens("Forty", "-two."), tokens("Other."))
+    again = FakeChat(tokens("Yes."))
+    clock = FixedClock()
+
+    async def main() -> None:
+        app = make_app(tmp_path, first, clock=clock)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(app, pilot, "the answer?")
+            await until(pilot, lambda: app.thread.id is not None, "the turn saved")
+            clock.advance(60)
+            await pilot.press("ctrl+n")
+            await send(app, pilot, "unrelated")
+            await until(pilot, lambda: app.thread.id is not None and app.thread.title == "unrelated", "saved")
+        clock.advance(60)
+        restarted = make_app(tmp_path, again, clock=clock)
+        async with restarted.run_test(size=SIZE) as pilot:
+            assert answers(restarted) == []
+            await pilot.press("ctrl+o")
+            await until(pilot, lambda: isinstance(restarted.screen, HistoryScreen), "the list of conversations")
+            listed = [c.title for c in restarted.screen.conversations]  # type: ignore[attr-defined]
+            assert listed == ["unrelated", "the answer?"]
+            await pilot.press("down", "enter")
+            await until(pilot, lambda: answers(restarted) == ["Forty-two."], "the conversation back")
+            assert restarted.sub_title == "the answer?"
+            assert notes(restarted) == ["2 tokens · first token 0.00 s · 4.0 tok/s"]
+            await send(restarted, pilot, "sure?")
+            await until(pilot, lambda: answers(restarted) == ["Forty-two.", "Yes."], "the next answer")
+            await until(pilot, lambda: len(restarted.thread.history) == 4, "the turn saved")
+            clock.advance(60)
+            # delete the other conversation, now second in the list
+            await pilot.press("ctrl+o")
+            await until(pilot, lambda: isinstance(restarted.screen, HistoryScreen), "the list again")
+            assert [c.title for c in restarted.screen.conversations] == ["the answer?", "unrelated"]  # type: ignore[attr-defined]
+            await pilot.press("down", "delete", "escape")
+            await until(pilot, lambda: not isinstance(restarted.screen, HistoryScreen), "the list closed")
+        titles = [c.title for c in await ConversationStore(tmp_path / "conversations.sqlite").conversations()]
+        assert titles == ["the answer?"]
+
+    run(main)
+    assert again.requests[0][0] == (("user", "the answer?"), ("assistant", "Forty-two."), ("user", "sure?"))
+
+
+def test_the_settings_dialog_sets_the_next_requests_fields_and_refuses_a_bad_value(tmp_path: Path) -> None:
+    chat = FakeChat(tokens("ok"))
+
+    async def main() -> None:
+        app = make_app(tmp_path, chat)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("ctrl+g")
+            await until(pilot, lambda: isinstance(app.screen, SettingsScreen), "the dialog")
+            dialog = app.screen
+            dialog.query_one("#setting-temperature", Input).value = "0.8"
+            dialog.query_one("#setting-seed", Input).value = "x7"
+            await pilot.press("ctrl+s")
+            assert app.screen is dialog  # refused, saying why
+            assert "seed must be a whole number, not 'x7'" in str(dialog.query_one("#settings-error", Label).render())
+            dialog.query_one("#setting-seed", Input).value = "7"
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: not isinstance(app.screen, SettingsScreen), "the dialog closed")
+            await send(app, pilot, "go")
+            await until(pilot, lambda: len(chat.requests) == 1, "the request")
+
+    run(main)
+    settings = chat.requests[0][1]
+    assert (settings.temperature, settings.seed) == (0.8, 7)
+    # and they were kept for the next run
+    kept = asyncio.run(ConversationStore(tmp_path / "conversations.sqlite").setting("generation"))
+    assert kept["temperature"] == 0.8 and kept["seed"] == 7
+
+
+def test_the_fleet_table_fills_from_the_status_and_an_uncovered_stage_shows_a_banner(tmp_path: Path) -> None:
+    status = FakeStatus(fleet_status(stage0=None))
+
+    async def main() -> None:
+        app = make_app(tmp_path, FakeChat(), status)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("f2")
+            view = app.query_one(FleetView)
+            await until(pilot, lambda: view.report.severity == "error", "the first report")
+            banner = app.query_one("#fleet-banner")
+            assert banner.display and banner.region.width > 0  # shown: the fleet page replaced the chat
+            assert str(banner.render()) == "Stage 0 is uncovered: every member that can hold it serves another stage"
+            table = app.query_one("#fleet-stages", DataTable)
+            rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+            assert rows == [
+                ["0", "—", "uncovered", "none"],
+                ["1", "beta", "ready", "epsilon (downloading 40 %)"],
+                ["2", "gamma", "ready", "none"],
+            ]
+            others = app.query_one("#fleet-others", DataTable)
+            assert [str(others.get_row_at(i)[0]) for i in range(others.row_count)] == ["epsilon", "alpha"]
+            assert app.query_one(StatusLine).fleet == ("stage 0 uncovered", "error")
+            # the fleet recovers: alpha takes stage 0 and the banner clears at the next poll
+            status.document = fleet_status()
+            await until(pilot, lambda: view.report.severity == "ok", "the ring ready")
+            assert str(table.get_row_at(0)[1]) == "alpha"
+            assert str(banner.render()) == "Ring ready: 3 stages"
+            # the table's colours follow the theme
+            dark = table.get_row_at(0)[2].style
+            app.theme = "textual-light"
+            await pilot.pause()
+            light = table.get_row_at(0)[2].style
+            assert light == app.theme_variables["text-success"] and light != dark
+            await pilot.press("f2")
+            assert app.query_one(PromptInput).has_focus  # back to the chat
+
+    run(main)
+
+
+def test_an_unreachable_agent_shows_as_such_while_the_app_keeps_answering(tmp_path: Path) -> None:
+    status = FakeStatus(error="cannot reach 127.0.0.1:7000: Connection refused")
+    chat = FakeChat(tokens("still", " here"))
+
+    async def main() -> None:
+        app = make_app(tmp_path, chat, status)
+        async with app.run_test(size=SIZE) as pilot:
+            view = app.query_one(FleetView)
+            await until(pilot, lambda: not view.report.reachable and status.polls >= 3, "polls that failed")
+            assert view.report.banner == "Agent unreachable: cannot reach 127.0.0.1:7000: Connection refused"
+            assert app.query_one(StatusLine).fleet == ("agent unreachable", "error")
+            assert len(app._notifications) == 1  # said once, not at every poll
+            await type_prompt(pilot, "hi")
+            assert app.query_one(PromptInput).text == "hi"
+            await pilot.press("enter")
+            await until(pilot, lambda: answers(app) == ["still here"], "the answer")
+
+    run(main)
+
+
+def test_a_frozen_agent_never_freezes_the_app(tmp_path: Path) -> None:
+    class FrozenStatus(FakeStatus):
+        async def get(self) -> dict[str, Any]:
+            self.polls += 1
+            await asyncio.Event().wait()  # an agent that accepted the link and never answers
+            raise AssertionError
+
+    status = FrozenStatus()
+
+    async def main() -> None:
+        app = make_app(tmp_path, FakeChat(), status)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: status.polls == 1, "the poll to hang")
+            # each press returns only once the app has handled it: a blocked app would time the test out
+            await type_prompt(pilot, "ok")
+            await pilot.press("f2")
+            assert app.query_one(PromptInput).text == "ok"
+            assert app.screen.has_class("-show-fleet")
+            assert app.query_one(FleetView).report.banner.startswith("Asking the agent")
+            assert status.polls == 1  # still waiting on the one poll
+
+    run(main)
+    assert status.closed  # the app closed its source on the way out
