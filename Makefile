@@ -1,6 +1,6 @@
 # The two set-up commands of the README. Each creates .venv and installs everything it needs.
-#   make demo   export SmolLM2-135M-Instruct into 3 stage shards (cached), start a local ring of 3 agents
-#               over mutual TLS and answer a chat prompt through it
+#   make demo   export SmolLM2-135M-Instruct into 3 stage shards (cached), start 3 agents on loopback that form
+#               their ring from the fleet's plan, and open the TUI on the first (PROMPT=...: one answer, no TUI)
 #   make test   the code checks (ruff, ruff format, mypy, import contracts) and the whole test suite
 # Elsewhere than on a machine with the local CPU wheel of torch, point pip at the CPU index:
 #   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -39,7 +39,7 @@ $(OLAH_VENV)/.installed:
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/shoal demo --out $(EXPORT) $(if $(strip $(PROMPT)),--prompt "$(strip $(PROMPT))")
+	$(BIN)/shoal demo --out $(EXPORT) $(if $(strip $(PROMPT)),--headless --prompt "$(strip $(PROMPT))")
 
 # measured 2026-12-02 on a fresh clone: the whole suite covers 86.7 % of agent/ and shards/ (74 % before the
 # middle tier, which runs the ring's code in-process)

@@ -57,7 +57,12 @@ def add_chat_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def run_chat(args: argparse.Namespace, data_dir: Path) -> int:
     data_dir = args.data_dir or data_dir
-    chat_file = args.chat_file or data_dir / "chat.json"
+    return open_chat(args.chat_file or data_dir / "chat.json", args.identity, data_dir, args.conversations)
+
+
+def open_chat(chat_file: Path, identity: str | None, data_dir: Path, conversations: Path | None = None) -> int:
+    """Run the TUI on the agent whose chat endpoint file is ``chat_file`` until the user quits (``shoal chat``,
+    and ``shoal demo`` in a terminal); returns the exit status."""
     ChatEndpoint.load(chat_file)  # no agent heads chats here: say so now, with what to start, not inside the UI
     from tui.app import ChatApp
     from tui.sources import EndpointChatSource
@@ -65,8 +70,8 @@ def run_chat(args: argparse.Namespace, data_dir: Path) -> int:
 
     app = ChatApp(
         EndpointChatSource(chat_file),
-        status_source(args.identity, data_dir),
-        ConversationStore(args.conversations or data_dir / "conversations.sqlite"),
+        status_source(identity, data_dir),
+        ConversationStore(conversations or data_dir / "conversations.sqlite"),
     )
     with _logging_to(data_dir / "chat.log"):
         app.run()

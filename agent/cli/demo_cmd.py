@@ -5,8 +5,10 @@ node certificates. Then it starts one ``shoal agent`` per stage on loopback with
 (the first agent is the others' seed: loopback carries no multicast, and the demo must not multicast onto a
 real network), and names the export as the fleet's model (``shoal fleet serve``). The agents do the rest:
 the coordinator plans, each agent checks and compiles the stage the plan gives it and links to the next,
-and once every stage is ready the first agent (the PC the user sits at) heads the conversation through
-the plan's ring, with speculative decoding, as ``shoal ask`` would. Then it shows the plan and stops.
+and once every stage is ready the first agent (the PC the user sits at) heads the conversations through
+the plan's ring, with speculative decoding. In a terminal the TUI (``shoal chat``) opens on that agent, and
+quitting it (ctrl+q) stops every agent the demo started; with ``--headless`` (or without a terminal) one
+answer is printed, as ``shoal ask`` would, then the plan, and the demo stops.
 
 The agents keep the fleet document in their identity folders and OpenVINO keeps the compiled stages in its
 cache, so a second run forms the ring in seconds.
@@ -56,6 +58,11 @@ def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
             print(f"  agent pid {agent.process.pid} on {agent.address[0]}:{agent.address[1]}", file=sys.stderr)
         asyncio.run(_serve_export(fleet_dir, Path(args.out), agents[0], admin))
         plan = asyncio.run(_wait_for_ring(agents, admin, started))
+        if not args.headless and sys.stdin.isatty() and sys.stdout.isatty():
+            from agent.cli.chat_cmd import open_chat
+
+            # the TUI heads the chats of the first agent, the PC the user sits at; quitting it ends the demo
+            return open_chat(chat_file, str(identities[0]), data_dir, data_dir / "demo-conversations.sqlite")
         endpoint = ChatEndpoint.load(chat_file)
         print(f"asking the first agent (chat endpoint {endpoint.host}:{endpoint.port}) ...", file=sys.stderr)
         request = ChatRequest(token=endpoint.token, messages=(("user", args.prompt),), max_tokens=args.max_tokens)

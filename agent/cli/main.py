@@ -123,12 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-stages", type=int, default=0, help="with --ring: stages this head runs itself")
     p.add_argument("--identity", type=Path, default=None, help="with --ring: this node's identity folder")
 
-    p = sub.add_parser("demo", help="the built-in demo: SmolLM2 in stage shards, a local ring of agents, one answer")
+    p = sub.add_parser("demo", help="the built-in demo: SmolLM2 in stage shards, a local fleet of agents, the TUI")
     p.add_argument("--model", default="smollm2", help="SOURCE to export (default smollm2)")
     p.add_argument("--stages", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("exports/smollm2-3stage"), help="export folder (reused)")
-    p.add_argument("--prompt", default=None)
+    p.add_argument("--prompt", default=None, help="with --headless: the question (default: the demo's own)")
     p.add_argument("--max-tokens", type=int, default=200)
+    p.add_argument("--headless", action="store_true", help="one answer on stdout and exit, instead of the TUI")
 
     p = sub.add_parser(
         "agent",
