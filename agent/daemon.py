@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.metadata
 import logging
 import secrets
@@ -187,6 +188,8 @@ class Daemon:
         manifest, stages = await _load_stages(config) if config.export_dir is not None else (None, [])
         network = TlsNetwork.of(identity)
         facts = await loop.run_in_executor(None, lambda: measure_host(speed=False))
+        if config.speed is not None:
+            measure_speed = functools.partial(float, config.speed)  # the admin's figure, not a measurement
         membership = await loop.run_in_executor(
             None, lambda: _membership(config, identity, network, facts, measure_speed)
         )

@@ -43,6 +43,7 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "lost_after": args.lost_after,
         "shards_dir": args.shards_dir,
         "offer_mb": args.offer_mb,
+        "speed": args.speed,
     }
     # the identity (and the chat endpoint file) under the data dir unless a flag or the file names one
     config = load_agent_config(

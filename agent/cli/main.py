@@ -152,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MIB",
         help="memory this PC gives a shard (default: what it measures free; 0: it only heads chats)",
     )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        metavar="GFLOPS",
+        help="this PC's speed figure for the plan (default: measured once running)",
+    )
     p.add_argument("--config", type=Path, default=None, help="TOML file with the same settings as the flags")
     p.add_argument("--stage", type=int, action="append", default=[], help="stage index to serve (repeatable)")
     p.add_argument(

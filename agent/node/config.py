@@ -86,6 +86,10 @@ class AgentConfig:
     offer_mb: int | None = None
     """MiB of memory this PC gives the fleet for a shard (None: what it measures free); 0 for a PC that only
     heads its user's chats and never serves a stage."""
+    speed: float | None = None
+    """This PC's speed figure for the plan, in GFLOP/s (None: measured once running). An admin who knows a PC
+    is busier than a benchmark shows gives it here; equal figures keep a fleet of alike PCs from moving a
+    stage on the noise of a measurement."""
 
     @property
     def liveness(self) -> Liveness:
@@ -175,6 +179,12 @@ def _seconds(name: str, value: Any) -> float:
     return float(value)
 
 
+def _speed(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"agent setting {name!r} must be a speed in GFLOP/s, above 0, not {value!r}")
+    return float(value)
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[str, Any], str]:
     def parse(name: str, value: Any) -> str:
         if value not in options:
@@ -243,6 +253,7 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "lost_after": _seconds,
     "shards_dir": _optional_path,
     "offer_mb": lambda name, value: None if value is None else _whole(0)(name, value),
+    "speed": lambda name, value: None if value is None else _speed(name, value),
 }
 """Every agent setting and how its value is read and checked (a message names the setting)."""
 _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
@@ -267,7 +278,7 @@ def load_agent_config(
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
     chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
     heartbeat_interval, link_timeout, step_timeout, peers (list of ``HOST:PORT``), mdns, lost_after, shards_dir,
-    offer_mb.
+    offer_mb, speed.
     """
     values: dict[str, Any] = {}
     if path is not None:

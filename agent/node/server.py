@@ -338,10 +338,11 @@ class StageServer:
         )
         if self.successor is not None:
             try:
-                async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                    await self.successor.ready.wait()
+                await self.successor.wait_ready(HANDSHAKE_TIMEOUT)
             except TimeoutError as exc:
                 raise _SessionFailure("peer_lost", f"{self.node}: the next stage is not connected") from exc
+            except PeerUnavailableError as exc:  # the plan moved this agent's next stage meanwhile
+                raise _SessionFailure("peer_lost", f"{self.node}: {exc}") from exc
             await self._forward(frame)
 
     async def _step(self, frame: Frame, upstream: FrameConnection | None) -> None:

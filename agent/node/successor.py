@@ -48,10 +48,26 @@ class SuccessorLink:
         self.ready = asyncio.Event()
         self.peer: Hello | None = None
         self._stopping = False
+        self._closed = asyncio.Event()
 
     @property
     def connected(self) -> bool:
         return self._connection is not None and not self._connection.closed
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Until the link is up; ``TimeoutError`` after ``timeout`` seconds, ``PeerUnavailableError`` at once if
+        the link is closed meanwhile (the fleet plan gave this agent another next stage)."""
+        ready, closed = asyncio.ensure_future(self.ready.wait()), asyncio.ensure_future(self._closed.wait())
+        try:
+            done, _ = await asyncio.wait((ready, closed), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            closed.cancel()
+        if ready in done and not self._closed.is_set():
+            return
+        if closed in done or self._closed.is_set():
+            raise PeerUnavailableError(f"the link to next stage {self.address[0]}:{self.address[1]} was closed")
+        raise TimeoutError(f"next stage {self.address[0]}:{self.address[1]} not connected within {timeout:.0f} s")
 
     async def send(self, frame: Frame) -> None:
         if self._connection is None:
@@ -141,5 +157,6 @@ class SuccessorLink:
 
     async def close(self) -> None:
         self._stopping = True
+        self._closed.set()
         if self._connection is not None:
             await self._connection.close()

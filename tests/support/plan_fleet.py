@@ -21,6 +21,9 @@ from tests.integration.netlab import NetLab
 PORT = 7100
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 12
+AGENT_FLAGS = ("--lost-after", "4", "--threads", "1", "--speed", "10")
+"""Every lab agent's: one speed for all, since measured on one machine's shared cores the figures are noise,
+and a late agent measured faster by chance would take a stage over instead of standing by."""
 ASK = """
 import asyncio, json, sys
 from pathlib import Path
@@ -61,7 +64,7 @@ class LabFleet:
             identity.cert.parent,
             self.cache,
             listen=f"{self.lab.ip(host)}:{PORT}",
-            extra_args=["--lost-after", "4", "--threads", "1", "--shards-dir", str(self.shards(name)), *args],
+            extra_args=[*AGENT_FLAGS, "--shards-dir", str(self.shards(name)), *args],
             wrapper=self.lab.command(host, []),
             env={"HF_ENDPOINT": self.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"},
             log_path=self.root / f"{name}.log",

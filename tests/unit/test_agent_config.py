@@ -41,6 +41,8 @@ def test_file_then_flags(tmp_path: Path) -> None:
         ({"drafter": "oracle"}, "'drafter' must be one of"),
         ({"http": "127.0.0.1:8080"}, "http needs chat"),
         ({"chat_keep": -1}, "'chat_keep' must be a number of seconds, 0 or more"),
+        ({"speed": 0}, "'speed' must be a speed in GFLOP/s, above 0, not 0"),
+        ({"speed": "fast"}, "'speed' must be a speed in GFLOP/s"),
         # what a TOML file gets wrong (issue 22): each refused with the setting's name, never a traceback
         ({"stages": "two"}, "'stages' must be a whole number, not 'two'"),
         ({"stages": -1}, "'stages' must be at least 0, not -1"),
