@@ -19,10 +19,12 @@ from tqdm.auto import tqdm
 from agent.errors import IntegrityError, ManifestError
 from shards.architecture import ArchSpec
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # 2: graphs holding the LM head take ``logits_index`` (the positions that get logits). Format 1 exports
 # (logits at every position) still run.
-READABLE_FORMATS = (1, 2)
+# 3: the attention mask is additive float (0 / -65504) instead of boolean: same inputs and outputs, prompts
+# several times faster on the CPU. Format 1 and 2 exports still run (and are redone by ``shoal export``).
+READABLE_FORMATS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 LOGITS_INDEX = "logits_index"
 """Input of a format-2 graph holding the LM head: which positions of the step get logits (i64 ``[m]``)."""

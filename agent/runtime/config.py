@@ -33,10 +33,10 @@ class RuntimeConfig:
     is cut into stages: only ``f32`` makes a split int4/int8 export token-identical to its 1-stage export."""
     fast_prefill: bool = False
     """With ``auto`` on the CPU and int4/int8 weights: a second compilation in the plugin's default
-    precision runs long steps (prompts), the KV state moved across. bf16 prefill is ~1.8x faster on CPUs
-    with AMX, for twice the stage's memory (each compilation packs its own copy of the weights). Where the
-    plugin's default is f32 anyway (a CPU without bf16 or f16), nothing would be gained and the stage
-    compiles once."""
+    precision runs long steps (prompts), the KV state moved across. bf16 prefill was 1.6x (500 prompt tokens)
+    to 2.5-3x (2,000) faster on a 2-core Xeon VM with AMX (docs/prefill-profile.md), for twice the stage's
+    memory (each compilation packs its own copy of the weights). Where the plugin's default is f32 anyway
+    (a CPU without bf16 or f16), nothing would be gained and the stage compiles once."""
     rewind: str = "auto"
     """How a session forgets rejected drafts (``REWINDS``). ``mask``: they stay in the KV state, masked
     out of attention; free. ``compact``: they are cut out of the state, one copy per rewind (measured on

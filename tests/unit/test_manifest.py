@@ -63,7 +63,7 @@ def test_tampered_file_is_detected(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda d: d.update(format_version=3), "format 3 is not supported"),
+        (lambda d: d.update(format_version=4), "format 4 is not supported"),
         (lambda d: d["stages"].pop(), "cover 3 of 4 layers"),
         (lambda d: d["stages"][1].update(layer_start=2), "expected 3"),
         (lambda d: d["stages"][0]["files"][0].update(path="../../etc/passwd"), "escapes"),
