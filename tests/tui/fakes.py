@@ -186,7 +186,7 @@ def fleet_status(*, stage0: str | None = "alpha", ready: bool = True, lost: str 
     }
 
 
-async def until(pilot: Any, condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+async def until(pilot: Any, condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     """Let the app run (``pilot.pause``) until ``condition`` holds; fail naming ``what`` after ``timeout``."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.tui
 SIZE = (80, 24)
 
 
-def run(main: Callable[[], Awaitable[None]], timeout: float = 30.0) -> None:
+def run(main: Callable[[], Awaitable[None]], timeout: float = 120.0) -> None:
     async def bounded() -> None:
         await asyncio.wait_for(main(), timeout)
 

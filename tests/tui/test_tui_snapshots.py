@@ -43,8 +43,11 @@ def answered(*keys: str) -> Any:
         await until(pilot, lambda: app.fleet.reachable, "the first status")
         app.prompt.text = "What is the capital of France?"
         await pilot.press("enter")
-        await until(pilot, lambda: app.thread.id is not None, "the answer, saved")
+        await until(pilot, lambda: app.thread.id is not None and not app.streaming, "the answer, saved")
         await pilot.press(*keys)
+        # the screen settles (focus, layout, the next status poll drawn) before it is taken
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.3)
 
     return run_before
 

@@ -16,7 +16,7 @@ import asyncio, threading, time
 
 def test_blocks_the_loop():
     async def main():
-        time.sleep(0.7)  # a blocking call on the event loop
+        time.sleep(1.5)  # a blocking call on the event loop
     asyncio.run(main())
 
 def test_leaks_a_thread():
@@ -24,7 +24,7 @@ def test_leaks_a_thread():
 
 def test_offloads_the_blocking_call():
     async def main():
-        await asyncio.get_running_loop().run_in_executor(None, time.sleep, 0.7)
+        await asyncio.get_running_loop().run_in_executor(None, time.sleep, 1.5)
     asyncio.run(main())
 """
 
