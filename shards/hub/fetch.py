@@ -247,11 +247,7 @@ class _Fetch:
         try:
             snapshot_download(
                 self.repo_id,
-                repo_type="model",
-                revision=self.revision,
-                cache_dir=self.cache_dir,
-                endpoint=self.endpoint,
-                token=self.token,
+                **self._where_args(),
                 allow_patterns=patterns,
                 local_files_only=local_only,
                 max_workers=max_workers,
@@ -268,11 +264,7 @@ class _Fetch:
             path = hf_hub_download(
                 self.repo_id,
                 filename,
-                repo_type="model",
-                revision=self.revision,
-                cache_dir=self.cache_dir,
-                endpoint=self.endpoint,
-                token=self.token,
+                **self._where_args(),
                 force_download=force,
                 local_files_only=local_only,
                 etag_timeout=self.timeout,
@@ -281,6 +273,16 @@ class _Fetch:
         except (OSError, httpx.HTTPError, EntryNotFoundError, ValueError) as exc:
             raise self.source_error(exc, filename) from exc
         return Path(str(path))
+
+    def _where_args(self) -> dict[str, Any]:
+        """What both huggingface_hub calls are told of the repository: which commit, which cache, which Hub."""
+        return {
+            "repo_type": "model",
+            "revision": self.revision,
+            "cache_dir": self.cache_dir,
+            "endpoint": self.endpoint,
+            "token": self.token,
+        }
 
     def source_error(self, exc: Exception, what: str) -> ShoalError:
         """The client's error for ``what`` (a file, or the repository) as one of shoal's."""
