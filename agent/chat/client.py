@@ -28,7 +28,7 @@ async def ask(endpoint: ChatEndpoint, request: ChatRequest) -> AsyncIterator[Cha
                 return
             event = ChatEvent.from_line(line)
             yield event
-            if event.event != "token":
+            if event.event in ("done", "error"):
                 return
     finally:
         writer.close()

@@ -192,7 +192,7 @@ class OpenAIEndpoint:
                 text.append(event.text)
             elif event.event == "error":
                 raise HTTPError(event.code, event.text)
-            else:
+            elif event.event == "done":
                 text.append(event.text)
                 body = reply.body("".join(text), str(event.stats["finish_reason"]))
                 await _send_json(connection, writer, 200, {**body, "usage": _usage(event.stats)})
@@ -207,6 +207,8 @@ class OpenAIEndpoint:
     ) -> None:
         started = False
         async for event in events:
+            if event.event == "progress":
+                continue  # OpenAI's stream has no such chunk; its clients wait for the first token
             if event.event == "error" and not started:
                 raise HTTPError(event.code, event.text)  # nothing sent yet: a proper status
             if not started:

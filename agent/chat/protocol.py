@@ -119,12 +119,13 @@ def _stops(value: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
-EventKind = Literal["token", "done", "error"]
+EventKind = Literal["token", "progress", "done", "error"]
 
 
 @dataclass(frozen=True)
 class ChatEvent:
-    """One line of an answer: a token, the end (with what the generation did), or an error."""
+    """One line of an answer: a token, the progress of a long prompt, the end (with what the generation did),
+    or an error."""
 
     event: EventKind
     id: int | None = None
@@ -135,7 +136,8 @@ class ChatEvent:
     stats: dict[str, Any] = field(default_factory=dict)
     """For ``done``: tokens, seconds, steps, drafted, accepted, median_k, finish_reason (``stop``: a stop
     token or sequence ended it; ``length``: max_tokens did)... A ``done`` event's ``text`` is the end of the
-    answer's text that no token event carried (held back while it might have begun a stop sequence)."""
+    answer's text that no token event carried (held back while it might have begun a stop sequence). For
+    ``progress``: ``done`` and ``total`` prompt positions, ``seconds`` since the answer began."""
 
     def to_line(self) -> bytes:
         body: dict[str, Any] = {"v": PROTOCOL_VERSION, "event": self.event}
@@ -143,6 +145,8 @@ class ChatEvent:
             body.update(id=self.id, text=self.text)
         elif self.event == "error":
             body.update(code=self.code, text=self.text)
+        elif self.event == "progress":
+            body.update(stats=self.stats)
         else:
             body.update(stats=self.stats)
             if self.text:
@@ -160,11 +164,22 @@ class ChatEvent:
             return cls("error", code=_typed(data, "code", str), text=_typed(data, "text", str))
         if kind == "done":
             return cls("done", stats=_typed(data, "stats", dict), text=_typed(data, "text", str, ""))
+        if kind == "progress":
+            stats = _typed(data, "stats", dict)
+            done, total = stats.get("done"), stats.get("total")
+            if not isinstance(done, int) or not isinstance(total, int) or not 0 <= done <= total:
+                raise ChatProtocolError("a progress event counts 0 <= done <= total prompt positions")
+            return cls("progress", stats=stats)
         raise ChatProtocolError(f"unknown event {kind!r}")
 
     @classmethod
     def error(cls, code: str, text: str) -> ChatEvent:
         return cls("error", code=code, text=text)
+
+    @classmethod
+    def progress(cls, done: int, total: int, seconds: float) -> ChatEvent:
+        """How far a long prompt's prefill has gone: ``done`` of ``total`` positions after ``seconds``."""
+        return cls("progress", stats={"done": done, "total": total, "seconds": round(seconds, 3)})
 
 
 def _line(body: dict[str, Any]) -> bytes:

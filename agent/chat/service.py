@@ -570,6 +570,7 @@ class ChatService:
                     wire_dtype=self.config.wire_dtype,
                     liveness=self.config.liveness,
                     deadline=StepDeadline(self.config.step_timeout),
+                    prefill_chunk=self.config.prefill_chunk,
                 )
                 await client.connect(self._ring_timeout)
                 self._client = client

@@ -41,6 +41,7 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "peers": args.peer or None,
         "mdns": False if args.no_mdns else None,
         "lost_after": args.lost_after,
+        "prefill_chunk": args.prefill_chunk,
         "shards_dir": args.shards_dir,
         "offer_mb": args.offer_mb,
         "speed": args.speed,

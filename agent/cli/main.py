@@ -16,6 +16,7 @@ from pathlib import Path
 from agent.cli.common import EXPORT_MODULES, REWIND_HELP, layer_counts, require_extra
 from agent.errors import ShoalError
 from agent.head.drafters import DRAFTERS
+from agent.head.prefill import DEFAULT_PREFILL_CHUNK
 from agent.runtime.config import REWINDS
 
 log = logging.getLogger("shoal")
@@ -169,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a fleet member to dial at start (repeatable); without multicast one is enough",
     )
     p.add_argument("--no-mdns", action="store_true", help="neither announce nor browse over mDNS")
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        metavar="POSITIONS",
+        help=f"cut a chat's long prompt into chunks of at most this many positions, pipelined through the ring "
+        f"(0: one step; default {DEFAULT_PREFILL_CHUNK})",
+    )
     p.add_argument(
         "--lost-after", type=float, default=None, metavar="SECONDS", help="a member unheard this long is lost (10)"
     )

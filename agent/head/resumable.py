@@ -24,6 +24,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent.head.prefill import PrefillWatcher
 from agent.head.targets import Target
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput
@@ -118,6 +119,9 @@ class ResumableTarget:
 
     def answers_elsewhere(self) -> bool:
         return self.inner.answers_elsewhere()
+
+    def watch_prefill(self, watcher: PrefillWatcher | None) -> None:
+        self.inner.watch_prefill(watcher)
 
     async def close(self) -> None:
         self.held = []

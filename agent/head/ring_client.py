@@ -26,6 +26,7 @@ from agent.errors import (
     SessionEvictedError,
     SessionFailedError,
 )
+from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_chunks
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
 from agent.runtime.protocol import KVSession, Stage, new_sessions, wire_numpy_dtype
@@ -42,6 +43,16 @@ from agent.wire.result import parse_result
 from shards.manifest import Manifest
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A step sent and not yet answered: its answer's future, or for a chunk of a prompt (``StepFlags.PART``)
+    none, and the prompt's progress once the chunk is through: (positions done, positions in all)."""
+
+    future: asyncio.Future[StepOutput] | None
+    count: int
+    progress: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -77,9 +88,12 @@ class RingClient:
         wire_dtype: str = "auto",
         liveness: Liveness | None = None,
         deadline: StepDeadline | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         """``liveness``: how the head's two links are watched (heartbeats; ``Liveness()`` by default);
-        ``deadline``: how long one step's answer is waited for (``StepDeadline()`` by default)."""
+        ``deadline``: how long one step's answer is waited for (``StepDeadline()`` by default);
+        ``prefill_chunk``: positions per chunk of a long prompt, pipelined through the ring (0: one step;
+        ``agent.head.prefill``)."""
         self.manifest = manifest
         self.first_address = first
         self.last_address = last
@@ -92,6 +106,9 @@ class RingClient:
         self._max_payload = max_payload
         self._liveness = liveness or Liveness()
         self.deadline = deadline or StepDeadline()
+        if prefill_chunk < 0:
+            raise RingError(f"a prefill chunk is a number of positions, not {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
         self._wire_dtype = wire_numpy_dtype(wire_dtype, self.local_stages[-1]) if self.local_stages else np.float32
         self.head_id = secrets.randbits(32) or 1
         self._first: FrameConnection | None = None
@@ -271,7 +288,11 @@ class RingSession:
         self._step = 0
         self._logical = 0
         # Steps sent and not yet answered, oldest first: the stages answer a session's steps in order.
-        self._pending: dict[int, tuple[asyncio.Future[StepOutput], int]] = {}
+        self._pending: dict[int, _Pending] = {}
+        self.on_prefill: PrefillWatcher | None = None
+        """Told the progress of a prompt sent in chunks (``agent.head.prefill``), chunk by chunk."""
+        self.prefill_progress: tuple[int, int] | None = None
+        """The progress of the prompt being computed, (positions done, positions in all); ``None`` when none is."""
         self._watchdog: asyncio.TimerHandle | None = None
         """Fails the session when the oldest pending step goes unanswered too long (``_arm``)."""
         self._failure: RingError | None = None
@@ -280,26 +301,38 @@ class RingSession:
         """Payload bytes of this session's steps to the first stage, and of the answers back, prompt included."""
         self.prompt_bytes_sent = 0
         self.prompt_bytes_received = 0
-        """Of those, the prompt's step (step 0): the rest, divided by the steps after it, is a decode step's."""
+        """Of those, the first prompt's steps (one, or its chunks): the rest, divided by the steps after it, is a
+        decode step's."""
+        self._prompt_steps = 0
 
     def _deliver(self, frame: Frame) -> None:
         if not self._pending:
             return
         oldest = next(iter(self._pending))
-        future, count = self._pending.pop(oldest)
+        pending = self._pending.pop(oldest)
         self._arm()  # the next step's deadline runs from this answer
         if frame.step != oldest:
             error = SessionFailedError(f"result for step {frame.step} arrived where {oldest} was due")
-            future.set_exception(error)
+            if pending.future is not None:
+                pending.future.set_exception(error)
             self._fail(error)
             return
         self.bytes_received += len(frame.payload)
-        if frame.step == 0:
-            self.prompt_bytes_received = len(frame.payload)
+        if frame.step < self._prompt_steps:
+            self.prompt_bytes_received += len(frame.payload)
+        if pending.future is None:  # a chunk of a prompt: its answer says only that it went through
+            if not frame.flags & StepFlags.PART or frame.payload:
+                self._fail(SessionFailedError(f"step {frame.step}, a chunk of a prompt, was answered with a readout"))
+                return
+            self.prefill_progress = pending.progress
+            if self.on_prefill is not None:
+                self.on_prefill(*pending.progress)
+            return
+        self.prefill_progress = None
         try:
-            future.set_result(parse_result(frame, self.client.manifest.arch.vocab_size, count))
+            pending.future.set_result(parse_result(frame, self.client.manifest.arch.vocab_size, pending.count))
         except ProtocolError as exc:
-            future.set_exception(exc)
+            pending.future.set_exception(exc)
             self._fail(SessionFailedError(f"bad result for step {frame.step}: {exc}"))
 
     def _arm(self) -> None:
@@ -309,8 +342,8 @@ class RingSession:
             self._watchdog.cancel()
             self._watchdog = None
         if self._pending:
-            step, (_, count) = next(iter(self._pending.items()))
-            seconds = self.client.deadline.seconds(count)
+            step, pending = next(iter(self._pending.items()))
+            seconds = self.client.deadline.seconds(pending.count)
             self._watchdog = asyncio.get_running_loop().call_later(seconds, self._overdue, step, seconds)
 
     def _overdue(self, step: int, seconds: float) -> None:
@@ -334,9 +367,10 @@ class RingSession:
             self._watchdog.cancel()
             self._watchdog = None
         pending, self._pending = self._pending, {}
-        for future, _ in pending.values():
-            if not future.done():
-                future.set_exception(error)
+        self.prefill_progress = None
+        for step in pending.values():
+            if step.future is not None and not step.future.done():
+                step.future.set_exception(error)
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
         return await (await self.submit(ids, rewind, last_only))
@@ -350,12 +384,17 @@ class RingSession:
     def answers_elsewhere(self) -> bool:
         return True  # at least the last stage is an agent: the head waits for the ring
 
+    def watch_prefill(self, watcher: PrefillWatcher | None) -> None:
+        self.on_prefill = watcher
+
     def usable(self) -> bool:
         return not self._closed and self._failure is None and self.client.failure is None
 
     async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
         """Send one step now; the returned future holds its readout. Steps may be submitted before earlier
-        ones are answered (pipelined speculation): the stages run a session's steps in order."""
+        ones are answered (pipelined speculation): the stages run a session's steps in order. A prompt
+        (``last_only``) longer than the client's ``prefill_chunk`` goes as chunks, back to back
+        (``agent.head.prefill``); the future holds the readout of its last position, as for one step."""
         if self._failure is not None:
             raise self._failure
         if self._closed:
@@ -367,36 +406,52 @@ class RingSession:
         position = self._logical - rewind
         if position < 0:
             raise RingError(f"cannot rewind {rewind} of {self._logical} positions")
-        step = self._step
-        fields: FrameFields = {
-            "session": self.id,
-            "step": step,
-            "position": position,
-            "count": len(ids),
-            "rewind": rewind,
-            "flags": StepFlags.LAST_ONLY if last_only else StepFlags.NONE,
-        }
-        # Step number, positions and place in the answer queue are claimed before the first await, so a
-        # step submitted meanwhile comes after this one.
-        self._step += 1
-        self._logical = position + len(ids)
+        sizes = prefill_chunks(len(ids), self.client.prefill_chunk) if last_only else [len(ids)]
+        # Step numbers, positions and places in the answer queue are claimed before the first await, so a
+        # step submitted meanwhile comes after these.
         loop = asyncio.get_running_loop()
         future: asyncio.Future[StepOutput] = loop.create_future()
         future.add_done_callback(ignore_unawaited_failure)
-        self._pending[step] = (future, len(ids))
+        steps: list[tuple[FrameFields, list[int]]] = []
+        start = 0
+        for index, size in enumerate(sizes):
+            part = index < len(sizes) - 1
+            flags = StepFlags.PART if part else StepFlags.LAST_ONLY if last_only else StepFlags.NONE
+            fields: FrameFields = {
+                "session": self.id,
+                "step": self._step,
+                "position": position + start,
+                "count": size,
+                "rewind": rewind if index == 0 else 0,
+                "flags": flags,
+            }
+            progress = (start + size, len(ids))
+            self._pending[self._step] = _Pending(None if part else future, size, progress)
+            steps.append((fields, ids[start : start + size]))
+            self._step += 1
+            start += size
+        self._logical = position + len(ids)
+        if not self._prompt_steps:
+            self._prompt_steps = len(sizes)
+        if len(sizes) > 1:
+            self.prefill_progress = (0, len(ids))
         if self._watchdog is None:
             self._arm()
+        for fields, chunk in steps:
+            await self._send_step(fields, chunk)
+        return future
+
+    async def _send_step(self, fields: FrameFields, ids: list[int]) -> None:
         if self._local:
-            hidden = await self.client.run_local(self._run_local, ids, rewind, position)
+            hidden = await self.client.run_local(self._run_local, ids, fields["rewind"], fields["position"])
             frame = Frame.tensor(FrameType.STEP, hidden, **fields)
         else:
             frame = Frame.tensor(FrameType.STEP, np.asarray([ids], dtype=np.int32), **fields)
         sent = len(frame.payload) if isinstance(frame.payload, bytes) else frame.payload.nbytes
         self.bytes_sent += sent
-        if step == 0:
-            self.prompt_bytes_sent = sent
+        if fields["step"] < self._prompt_steps:
+            self.prompt_bytes_sent += sent
         await self.client.send_first(frame)
-        return future
 
     def _run_local(self, ids: list[int], rewind: int, position: int) -> np.ndarray:
         started = time.perf_counter()

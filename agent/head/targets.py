@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from agent.head.prefill import PrefillWatcher
 from agent.runtime.pipeline import PipelineSession
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput, read_out
@@ -48,6 +49,11 @@ class Target(Protocol):
 
     def usable(self) -> bool:
         """Whether the session can take more steps (not closed, its ring not lost, not evicted)."""
+        ...
+
+    def watch_prefill(self, watcher: PrefillWatcher | None) -> None:
+        """Tell ``watcher`` how far each later prompt has gone, where it is computed in chunks (a ring's
+        pipelined prefill, ``agent.head.prefill``); ``None``: stop telling."""
         ...
 
     async def park(self) -> None:
@@ -89,6 +95,9 @@ class LocalTarget:
 
     def usable(self) -> bool:
         return True
+
+    def watch_prefill(self, watcher: PrefillWatcher | None) -> None:
+        """Nothing to tell: a prompt is one step in this process."""
 
     async def park(self) -> None:
         """Nothing to tell: the state is this process's, and so is the choice of what to keep."""

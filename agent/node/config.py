@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
+from agent.head.prefill import DEFAULT_PREFILL_CHUNK
 from agent.runtime.config import KNOWN_DEVICES, PRECISIONS, REWINDS, RuntimeConfig
 from agent.transport.heartbeat import Liveness
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
@@ -75,6 +76,9 @@ class AgentConfig:
     step_timeout: float = 30.0
     """Seconds a chat's step waits for its answer, plus 0.1 s per position it carries (a prompt), before the
     session is given up (``agent.head.ring_client.StepDeadline``)."""
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    """Positions per chunk of a long prompt that this agent's chats pipeline through the ring (0: a prompt
+    is one step; ``agent.head.prefill``)."""
     peers: tuple[tuple[str, int], ...] = ()
     """Fleet members to dial at start (``--peer``): where multicast does not carry, one is enough."""
     mdns: bool = True
@@ -248,6 +252,7 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "heartbeat_interval": _seconds,
     "link_timeout": _seconds,
     "step_timeout": _seconds,
+    "prefill_chunk": _whole(0, 65535),
     "peers": _addresses,
     "mdns": _flag,
     "lost_after": _seconds,
@@ -277,8 +282,8 @@ def load_agent_config(
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
     chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
-    heartbeat_interval, link_timeout, step_timeout, peers (list of ``HOST:PORT``), mdns, lost_after, shards_dir,
-    offer_mb, speed.
+    heartbeat_interval, link_timeout, step_timeout, prefill_chunk, peers (list of ``HOST:PORT``), mdns,
+    lost_after, shards_dir, offer_mb, speed.
     """
     values: dict[str, Any] = {}
     if path is not None:

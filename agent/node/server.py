@@ -417,7 +417,8 @@ class StageServer:
             session.rewind(frame.rewind)
         positions = np.arange(frame.position, frame.position + frame.count, dtype=np.int64)[None]
         x = inputs
-        last_only = bool(frame.flags & StepFlags.LAST_ONLY)
+        part = bool(frame.flags & StepFlags.PART)
+        last_only = part or bool(frame.flags & StepFlags.LAST_ONLY)
         for session in state.stages:
             x = session.step(x, positions, last_only=last_only)
         fields: FrameFields = {
@@ -429,6 +430,8 @@ class StageServer:
             "flags": frame.flags,
         }
         if self.is_last:
+            if part:  # the prompt goes on in the next step: only its progress is told
+                return Frame(FrameType.RESULT, session=frame.session, step=frame.step, flags=StepFlags.PART)
             return result_frame(read_out(x, state.open.sampling, last_only=last_only), frame.session, frame.step)
         wire = np.array(x, dtype=self._wire_dtype)  # a copy: x is reused
         return Frame.tensor(FrameType.STEP, wire, **fields)

@@ -33,7 +33,7 @@ import numpy as np
 from agent.errors import LocalProtocolError
 
 MAGIC = b"SH"
-PROTOCOL_VERSION = 4  # 2: PARK; 3: PING and PONG; 4: MEMBERS
+PROTOCOL_VERSION = 5  # 2: PARK; 3: PING and PONG; 4: MEMBERS; 5: StepFlags.PART
 HEADER = struct.Struct("<2sBBQIIHHHBB4II")
 HEADER_SIZE = HEADER.size
 MAX_NDIM = 4
@@ -63,6 +63,8 @@ class StepFlags(enum.IntFlag):
 
     NONE = 0
     LAST_ONLY = 1  # the head needs the result of the last position only (a prompt)
+    PART = 2  # one chunk of a prompt that the session's next step continues (pipelined prefill): the last
+    # stage reads nothing out and answers with an empty RESULT, which tells the head how far the prompt is
 
 
 class DType(enum.IntEnum):
