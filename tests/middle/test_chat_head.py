@@ -212,3 +212,29 @@ def test_a_chat_whose_ring_cannot_be_reached_fails_with_a_clear_error_and_the_ag
             await ring.stop()
 
     run(main)
+
+
+def test_a_chunked_prompt_its_next_turn_and_its_replay_give_the_whole_models_answers(tmp_path: Path) -> None:
+    """Prompts cut into chunks of 3 positions (pipelined prefill) on the first turn, the kept next turn and
+    the replay of a ring lost mid-answer: the answers stay the whole model's."""
+
+    async def main() -> None:
+        async with _ring_and_chat(tmp_path, prefill_chunk=3) as (ring, daemon):
+            first = (("user", QUESTION),)
+            events = await _events(daemon, _request(daemon, *first))
+            assert _tokens(events) == await reference(ring, _ids(*first))
+            assert ring.stages[1].steps[0] <= 3, ring.stages[1].steps
+            text = "".join(event.text for event in events if event.event == "token")
+            second = (*first, ("assistant", text), ("user", FOLLOW_UP))
+            expected = await reference(ring, _ids(*second), 40)
+            assert daemon.chats is not None
+            events = []
+            async for event in daemon.chats.answer(_request(daemon, *second, max_tokens=40)):
+                events.append(event)
+                if len(events) == 10:
+                    await ring.vanish(1)
+                    asyncio.get_running_loop().call_later(0.3, lambda: asyncio.ensure_future(ring.restart(1)))
+            assert _tokens(events) == expected
+            assert events[-1].stats["replays"] == 1, events[-1].stats
+
+    run(main)
