@@ -45,6 +45,18 @@ def _tokens(events: list[ChatEvent]) -> list[int]:
     return [event.id for event in events if event.event == "token" and event.id is not None]
 
 
+async def _events_losing_stage_1(ring: ToyRing, daemon: Daemon, request: ChatRequest) -> list[ChatEvent]:
+    """The answer's events, stage 1's PC vanishing after the 10th and its agent back 0.3 s later."""
+    assert daemon.chats is not None
+    events: list[ChatEvent] = []
+    async for event in daemon.chats.answer(request):
+        events.append(event)
+        if len(events) == 10:
+            await ring.vanish(1)
+            asyncio.get_running_loop().call_later(0.3, lambda: asyncio.ensure_future(ring.restart(1)))
+    return events
+
+
 @contextlib.asynccontextmanager
 async def _ring_and_chat(
     tmp_path: Path, max_sessions: int = 4, **chat: object
@@ -85,12 +97,7 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on_unchanged(tmp
             turns = (("user", QUESTION),)
             expected = await reference(ring, _ids(*turns), 40)
             assert daemon.chats is not None
-            events: list[ChatEvent] = []
-            async for event in daemon.chats.answer(_request(daemon, *turns, max_tokens=40)):
-                events.append(event)
-                if len(events) == 10:
-                    await ring.vanish(1)
-                    asyncio.get_running_loop().call_later(0.3, lambda: asyncio.ensure_future(ring.restart(1)))
+            events = await _events_losing_stage_1(ring, daemon, _request(daemon, *turns, max_tokens=40))
             assert _tokens(events) == expected
             stats = events[-1].stats
             assert stats is not None and stats["replays"] == 1, stats
@@ -227,13 +234,7 @@ def test_a_chunked_prompt_its_next_turn_and_its_replay_give_the_whole_models_ans
             text = "".join(event.text for event in events if event.event == "token")
             second = (*first, ("assistant", text), ("user", FOLLOW_UP))
             expected = await reference(ring, _ids(*second), 40)
-            assert daemon.chats is not None
-            events = []
-            async for event in daemon.chats.answer(_request(daemon, *second, max_tokens=40)):
-                events.append(event)
-                if len(events) == 10:
-                    await ring.vanish(1)
-                    asyncio.get_running_loop().call_later(0.3, lambda: asyncio.ensure_future(ring.restart(1)))
+            events = await _events_losing_stage_1(ring, daemon, _request(daemon, *second, max_tokens=40))
             assert _tokens(events) == expected
             assert events[-1].stats["replays"] == 1, events[-1].stats
 
