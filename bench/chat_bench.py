@@ -206,7 +206,7 @@ async def _turn(
             ids.append(event.id)
         elif event.event == "error":
             raise BenchError(f"the chat agent answered {event.code}: {event.text}")
-        else:
+        elif event.event == "done":
             return (
                 first if first is not None else time.perf_counter() - started,
                 time.perf_counter() - started,

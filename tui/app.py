@@ -24,12 +24,14 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header
 
+from agent.chat.progress import progress_line
 from agent.errors import ShoalError
 from tui.answer import AnswerTally, stats_line
 from tui.conversation import ConversationView
 from tui.events import (
     AnswerDone,
     AnswerFailed,
+    AnswerProgress,
     AnswerStopped,
     AnswerToken,
     AnswerTurn,
@@ -221,6 +223,8 @@ class ChatApp(App[None]):
                 async for event in events:
                     if event.event == "token":
                         self.post_message(AnswerToken(turn, event.text, self._clock()))
+                    elif event.event == "progress":
+                        self.post_message(AnswerProgress(turn, event))
                     elif event.event == "done":
                         self.post_message(AnswerDone(turn, event))
                         return
@@ -243,6 +247,10 @@ class ChatApp(App[None]):
         await turn.view.append(message.text)
         if turn is self.turn:
             self._show_rate(turn, message.at)
+
+    def on_answer_progress(self, message: AnswerProgress) -> None:
+        if message.turn is self.turn and message.turn.tally.tokens == 0:
+            self._set_chat(progress_line(message.progress), "ok")
 
     async def on_answer_done(self, message: AnswerDone) -> None:
         turn = message.turn

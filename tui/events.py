@@ -49,6 +49,14 @@ class AnswerToken(Message):
         self.turn, self.text, self.at = turn, text, at
 
 
+class AnswerProgress(Message):
+    """How far the answer's prompt has gone in (a long prompt, before the first token)."""
+
+    def __init__(self, turn: AnswerTurn, progress: ChatEvent) -> None:
+        super().__init__()
+        self.turn, self.progress = turn, progress
+
+
 class AnswerDone(Message):
     def __init__(self, turn: AnswerTurn, done: ChatEvent) -> None:
         super().__init__()

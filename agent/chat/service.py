@@ -34,6 +34,7 @@ from typing import Any
 
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.kept import KeptConversation, KeptConversations
+from agent.chat.progress import PromptProgress
 from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 from agent.chat.stop_text import StopText
 from agent.chat.watch import ClientWatch
@@ -143,6 +144,8 @@ class ChatService:
         """The median K of the last answer (0: none drafted)."""
         self.answer_seconds = 0.0
         """Seconds from request to ``done`` of every answer given, all told."""
+        self._prompts: set[PromptProgress] = set()
+        """The prompts of the answers still waiting for their first token."""
         self.kept = KeptConversations(self.node, config.chat_keep, config.chat_keep_max, server.table.release)
 
     @property
@@ -245,6 +248,7 @@ class ChatService:
             "answer_seconds": round(self.answer_seconds, 6),
             "resumed": self.kept.resumed,
             "reused_tokens": self.kept.reused_tokens,
+            "prompts_in": sorted(p.latest for p in self._prompts if p.latest is not None),
         }
 
     # -- one client connection -----------------------------------------------------------------
@@ -345,7 +349,7 @@ class ChatService:
             if conversation is None:
                 conversation = await self._open(request)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
-            events = self._tokens(model, conversation, prompt_ids, request, stats, tally, shown)
+            events = self._tokens(model, conversation, prompt_ids, request, stats, tally, shown, started)
             async with contextlib.aclosing(events) as tokens:
                 async for event in tokens:
                     yield event
@@ -424,8 +428,11 @@ class ChatService:
         stats: DecodeStats,
         tally: AnswerTally,
         shown: StopText,
+        started: float,
     ) -> AsyncGenerator[ChatEvent, None]:
-        """The token events of one answer, which survives two failures without the user losing it:
+        """The token events of one answer (and before its first token, the ``progress`` of a prompt cut into
+        chunks: ``PromptProgress``, its seconds counted from ``started``). The answer survives two failures
+        without the user losing it:
 
         - a kept session that a stage evicted (it gave the place to a new session) as this turn took it over
           fails at its first step: the answer starts afresh;
@@ -456,11 +463,18 @@ class ChatService:
                 turn=conversation.turn,
             )
             resumed = bool(conversation.target.held)  # a kept session taken over, not a fresh one
+            progress = PromptProgress(started)
+            conversation.target.watch_prefill(progress.report if not sent else None)
+            self._prompts.add(progress)
             try:
-                async with contextlib.aclosing(tokens):  # a client that leaves ends the loop now
-                    async for token in tokens:
-                        sent.append(token)
-                        yield ChatEvent("token", id=token, text=shown.push(stream.push(token)))
+                # a client that leaves ends the loop now
+                async with contextlib.aclosing(tokens), contextlib.aclosing(progress.before_first(tokens)) as items:
+                    async for item in items:
+                        if isinstance(item, ChatEvent):
+                            yield item
+                            continue
+                        sent.append(item)
+                        yield ChatEvent("token", id=item, text=shown.push(stream.push(item)))
                         if shown.stopped:  # a stop sequence: the answer ends here, normally
                             break
                 return
@@ -485,6 +499,9 @@ class ChatService:
                     MAX_REPLAYS,
                 )
                 replay = True
+            finally:
+                self._prompts.discard(progress)
+                conversation.target.watch_prefill(None)
             lost = conversation.target
             if replay:
                 fresh = await self._replayed(request, lost, tally)

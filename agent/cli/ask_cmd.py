@@ -11,6 +11,7 @@ from typing import TextIO
 
 from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
+from agent.chat.progress import progress_line
 from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.errors import ChatAnswerError
 
@@ -58,6 +59,10 @@ def _turn(
     print(f"[{answer_summary(asyncio.run(stream_chat(endpoint, request, out)))}]", file=sys.stderr)
 
 
+PROGRESS_AFTER_SECONDS = 1.0
+"""A prompt's progress is told once it has taken this long."""
+
+
 def answer_summary(done: ChatEvent) -> str:
     """What an answer's ``done`` event says, in one line."""
     stats = done.stats
@@ -99,6 +104,9 @@ async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO 
         elif event.event == "error":
             out.write("\n")
             raise ChatAnswerError(f"{event.code}: {event.text}")
+        elif event.event == "progress":
+            if event.stats["seconds"] >= PROGRESS_AFTER_SECONDS:  # a short prompt goes in without a word
+                print(f"[{progress_line(event)}]", file=sys.stderr, flush=True)
         else:
             out.write(event.text + "\n")  # the end of the text, held back while it might have begun a stop
             out.flush()

@@ -105,6 +105,8 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
         lines.append(
             f"  chats at {chat.get('endpoint')}: {chat.get('answered')} answered, {chat.get('running')} running"
         )
+        for done, total in chat.get("prompts_in", []):
+            lines.append(f"  a prompt going in: {done:,} of {total:,} positions")
     plan = status.get("plan")
     if isinstance(plan, dict):
         lines.extend("  " + line for line in plan_lines(plan))

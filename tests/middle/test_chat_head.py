@@ -19,6 +19,7 @@ import pytest
 
 from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.daemon import Daemon, DaemonAddresses
+from agent.head.prefill import prefill_chunks
 from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run, stage_address
 from tests.support.toy_model import ToyTokenizer
 
@@ -231,6 +232,14 @@ def test_a_chunked_prompt_its_next_turn_and_its_replay_give_the_whole_models_ans
             events = await _events(daemon, _request(daemon, *first))
             assert _tokens(events) == await reference(ring, _ids(*first))
             assert ring.stages[1].steps[0] <= 3, ring.stages[1].steps
+            # before the first token, one progress event per chunk but the last, in order, then none
+            kinds = [event.event for event in events]
+            reports = [(event.stats["done"], event.stats["total"]) for event in events if event.event == "progress"]
+            positions = len(_ids(*first))
+            sizes = prefill_chunks(positions, 3)
+            assert reports == [(sum(sizes[: i + 1]), positions) for i in range(len(sizes) - 1)], reports
+            assert kinds[: len(reports)] == ["progress"] * len(reports) and "progress" not in kinds[len(reports) :]
+            assert daemon.chats is not None and daemon.chats.status()["prompts_in"] == []
             text = "".join(event.text for event in events if event.event == "token")
             second = (*first, ("assistant", text), ("user", FOLLOW_UP))
             expected = await reference(ring, _ids(*second), 40)

@@ -119,6 +119,24 @@ def test_escape_closes_the_stream_mid_answer_and_the_note_says_stopped(tmp_path:
     run(main)
 
 
+def test_a_long_prompts_progress_shows_in_the_status_line_until_its_first_token(tmp_path: Path) -> None:
+    chat = FakeChat([ChatEvent.progress(512, 1500, 1.5), None])  # the prompt still going in
+
+    async def main() -> None:
+        app = make_app(tmp_path, chat)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(app, pilot, "a pasted page")
+            await until(pilot, lambda: chat.holding.is_set(), "the first report")
+            await until(
+                pilot,
+                lambda: app.query_one(StatusLine).chat == ("prompt: 512 of 1,500 positions in, 1.5 s", "ok"),
+                "the progress in the status line",
+            )
+            assert app.streaming and answers(app) == [""]  # a report is no failure, and no text
+
+    run(main)
+
+
 def test_a_new_conversation_mid_answer_stops_it_and_the_late_tokens_go_nowhere(tmp_path: Path) -> None:
     chat = FakeChat([ChatEvent("token", id=1, text="Half"), None], tokens("Fresh."))
 

@@ -24,6 +24,7 @@ def agent_status() -> dict[str, Any]:
         "evicted": 0,
         "steps_served": 12,
         "uptime_s": 3.5,
+        "chat": {"endpoint": "127.0.0.1:7001", "answered": 2, "running": 1, "prompts_in": [[1024, 2754]]},
         "members": {"fleet": "f1", "members": [{"state": "member"}, {"state": "member"}, {"state": "lost"}]},
         "ring": {
             "activity": "standing by for stage 2",
@@ -60,6 +61,7 @@ def test_the_status_shows_each_stage_with_its_download_progress_and_the_pins() -
     assert "sessions 1 of 8" in text
     assert "other members: 1 lost, 2 member" in text
     assert "downloading stage 2: 3.0 of 12.0 MiB (25 %)" in text
+    assert "chats at 127.0.0.1:7001: 2 answered, 1 running\n  a prompt going in: 1,024 of 2,754 positions" in text
     assert "plan abababababab epoch 4 for document 3 (planned by pc1): stage 2 on pc3 is downloading" in text
     lines = text.splitlines()
     assert any(
