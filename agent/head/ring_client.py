@@ -128,9 +128,17 @@ class RingClient:
         return self.local_stages[-1].graph.layer_stop if self.local_stages else 0
 
     async def connect(self, timeout: float = 30.0) -> None:
-        """Reach the first and last stages (retrying until ``timeout``: bring-up order is free)."""
+        """Reach the first and last stages (retrying until ``timeout``: bring-up order is free). On failure
+        nothing stays connected: half a ring (the first stage reached, the last not) is no ring."""
         if self._first is not None:
             raise RingError("already connected: reconnect() replaces a lost ring")
+        try:
+            await self._connect(timeout)
+        except Exception:
+            await self._drop_connections()
+            raise
+
+    async def _connect(self, timeout: float) -> None:
         hello = Hello(node=self.node, role="head", export_id=self.manifest.export_id, head_id=self.head_id)
         self._first, first = await self._handshake(self.first_address, hello, timeout, "first stage")
         if first.layer_start != self.first_layer:
@@ -180,7 +188,12 @@ class RingClient:
         await self._drop_connections()
         self.failure = None
         log.info("node=%s head %x reconnecting (%s)", self.node, self.head_id, error)
-        await self.connect(timeout)
+        try:
+            await self.connect(timeout)
+        except RingError as exc:
+            # still lost: the next session tries again (a frozen stage that thaws, a PC that reboots)
+            self.failure = PeerUnavailableError(f"the ring cannot be reached again: {exc}")
+            raise
 
     async def open_session(self, params: SamplingParams, timeout: float = 30.0) -> RingSession:
         """A new conversation, reconnecting first if the ring was lost since the last one: a stage that

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,6 +44,8 @@ MAX_TOKENS = 32
 CHAT_SESSIONS = 2
 LONG_PROMPT = "Write a very long story about a dragon who learns to code."
 KEEP_SECONDS = 4
+FREEZE_SECONDS = 30.0
+"""How long a stage is frozen (``kill -STOP``) mid-answer: issue 22's case, six times the link timeout."""
 
 
 @pytest.fixture(scope="module")
@@ -635,9 +640,10 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
     cache_dir: Path,
     tmp_path: Path,
 ) -> None:
-    """The last stage's agent is killed mid-answer (no goodbye) and started again at its address: the chat
-    agent replays the session's steps into a fresh one, and the client gets the whole answer, token for
-    token that of the same ring never interrupted, after a pause."""
+    """The last stage's agent is killed mid-answer (no goodbye) and started again at its address; later stage
+    1's agent is frozen for 30 s (``kill -STOP``), which heartbeats notice. Each time the chat agent replays
+    the session's steps into a fresh one, and the client gets the whole answer, token for token that of the
+    same ring never interrupted, after a pause."""
     folder = exported(stages, weights)
     listen = f"127.0.0.1:{free_port()}"
     tokens = 48
@@ -671,11 +677,14 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
     )  # nothing kept: each answer afresh
     agents = [agent, *ring]
 
-    async def answer(kill_after: int | None) -> list[ChatEvent]:
+    async def answer(kill_after: int | None = None, freeze_after: int | None = None) -> list[ChatEvent]:
         endpoint = ChatEndpoint.load(tmp_path / "chat.json")
         events: list[ChatEvent] = []
         async for event in ask(endpoint, _request(endpoint, LONG_PROMPT, tokens)):
             events.append(event)
+            if len(events) == freeze_after:  # as a PC that hangs: its kernel still keeps TCP up
+                os.kill(ring[0].process.pid, signal.SIGSTOP)
+                asyncio.get_running_loop().call_later(FREEZE_SECONDS, os.kill, ring[0].process.pid, signal.SIGCONT)
             if len(events) == kill_after:
                 ring[-1].process.kill()  # as a PC switched off: no goodbye
                 ring[-1].process.wait(10)
@@ -700,6 +709,15 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
         assert events[-1].stats["replays"] == 1, events[-1].stats  # type: ignore[index]
         assert "replaying its steps into a fresh session" in agent.log_text()
         assert status(agent.address, fleet.identity("observer"))["chat"]["replayed"] == 1  # type: ignore[index]
+        # stage 1 frozen for 30 s (kill -STOP): the heartbeats notice it, the answer replays once it thaws
+        started = time.monotonic()
+        events = asyncio.run(answer(freeze_after=12))
+        assert time.monotonic() - started >= FREEZE_SECONDS
+        assert _tokens(events) == expected
+        stats = events[-1].stats
+        assert stats["replays"] == 1, stats  # type: ignore[index]
+        assert any("not even an answer to heartbeats" in cause for cause in stats["interruptions"]), stats  # type: ignore[index]
     finally:
+        os.kill(ring[0].process.pid, signal.SIGCONT)
         for each in agents:
             each.stop()

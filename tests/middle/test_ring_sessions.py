@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from agent.errors import FleetBusyError, PeerUnavailableError, SessionEvictedError
+from agent.errors import FleetBusyError, PeerUnavailableError, RingError, SessionEvictedError
 from agent.head.decode import DecodeStats
 from agent.head.drafters import NGramDrafter
 from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
@@ -214,6 +214,31 @@ def test_a_stage_lost_mid_answer_fails_that_answer_and_the_ring_heals_once_it_is
             await ring.until(lambda: ring.held()[0] == 0 and ring.held()[2] == 0)
             await ring.restart(1)
             healed = await client.open_session(GREEDY)  # reconnects: the ring answers again
+            assert await answer(healed, PROMPT) == await reference(ring, PROMPT)
+            await healed.close()
+        finally:
+            await client.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_a_head_whose_reconnect_failed_tries_again_at_its_next_session() -> None:
+    """The first stage's PC stays away longer than one attempt to reach it (a frozen PC, a reboot): the
+    attempt fails, and once the PC is back the next session reconnects, rather than finding a head that
+    believes itself connected to nothing ("connect() first")."""
+
+    async def main() -> None:
+        ring = await ToyRing.start()
+        client = ring.client()
+        await client.connect()
+        try:
+            await ring.vanish(0)
+            await ring.until(lambda: client.failure is not None)
+            with pytest.raises(RingError, match="cannot join the ring"):
+                await client.open_session(GREEDY, timeout=0.2)
+            await ring.restart(0)
+            healed = await client.open_session(GREEDY, timeout=2.0)
             assert await answer(healed, PROMPT) == await reference(ring, PROMPT)
             await healed.close()
         finally:
