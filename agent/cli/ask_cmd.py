@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import io
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
@@ -19,7 +20,7 @@ from agent.errors import ChatAnswerError
 def run_ask(args: argparse.Namespace, data_dir: Path) -> int:
     """One answer to PROMPT, or, without one, a conversation: each line of stdin is the user's next turn,
     sent with every earlier turn and answer (the agent keeps nothing between requests)."""
-    endpoint = ChatEndpoint.load(args.chat_file or data_dir / "chat.json")
+    endpoint = _endpoint(args.chat_file or data_dir / "chat.json")
     history: tuple[tuple[str, str], ...] = (("system", args.system),) if args.system else ()
     if args.prompt is not None:
         _turn(endpoint, args, (*history, ("user", args.prompt)), sys.stdout)
@@ -41,6 +42,20 @@ def run_ask(args: argparse.Namespace, data_dir: Path) -> int:
             print(f"shoal: error: {exc}", file=sys.stderr)
             continue
         history = (*asked, ("assistant", answer.getvalue().rstrip("\n")))
+
+
+ENDPOINT_WAIT_SECONDS = 20.0
+"""How long ``shoal ask`` waits for an agent still starting (its endpoint file not yet written): a user who
+pastes the README's block starts the agent in the background and asks at once."""
+
+
+def _endpoint(path: Path) -> ChatEndpoint:
+    deadline = time.monotonic() + ENDPOINT_WAIT_SECONDS
+    if not path.exists():
+        print(f"[waiting up to {ENDPOINT_WAIT_SECONDS:.0f} s for the agent to write {path}]", file=sys.stderr)
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return ChatEndpoint.load(path)
 
 
 def _turn(
