@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.plan_bench import add_arguments as add_plan_arguments
 
     add_plan_arguments(b)
+    b = bench.add_parser("tui", help="an answer through the TUI beside shoal ask: tokens/s, key latency, CPU")
+    from bench.tui_bench import add_arguments as add_tui_arguments
+
+    add_tui_arguments(b)
     return parser
 
 
@@ -96,6 +100,10 @@ def _run_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         from bench.plan_bench import run_plan_bench
 
         return run_plan_bench(args, cache_dir)
+    if args.bench == "tui":
+        from bench.tui_bench import run_tui_bench
+
+        return run_tui_bench(args, cache_dir)
     if args.bench == "chat":
         from bench.chat_bench import run_bench_chat
 

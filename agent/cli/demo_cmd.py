@@ -56,8 +56,8 @@ def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
     try:
         for agent in agents:
             print(f"  agent pid {agent.process.pid} on {agent.address[0]}:{agent.address[1]}", file=sys.stderr)
-        asyncio.run(_serve_export(fleet_dir, Path(args.out), agents[0], admin))
-        plan = asyncio.run(_wait_for_ring(agents, admin, started))
+        asyncio.run(serve_export(fleet_dir, Path(args.out), agents[0], admin))
+        plan = asyncio.run(wait_for_ring(agents, admin, started))
         if not args.headless and sys.stdin.isatty() and sys.stdout.isatty():
             from agent.cli.chat_cmd import open_chat
 
@@ -82,7 +82,7 @@ def _identity(fleet_dir: Path, node: str) -> Path:
     return folder
 
 
-async def _serve_export(fleet_dir: Path, export_dir: Path, first: LocalAgent, admin: NodeIdentity) -> None:
+async def serve_export(fleet_dir: Path, export_dir: Path, first: LocalAgent, admin: NodeIdentity) -> None:
     """Name the export as the fleet's model (a new fleet document only if it names another), and hand the
     document to the first agent, which gossips it to the others."""
     from discovery import control
@@ -98,7 +98,7 @@ async def _serve_export(fleet_dir: Path, export_dir: Path, first: LocalAgent, ad
     await push_document(first.address, admin, control.FleetDocumentOffer(signed))
 
 
-async def _wait_for_ring(agents: list[LocalAgent], admin: NodeIdentity, started: float) -> dict[str, Any]:
+async def wait_for_ring(agents: list[LocalAgent], admin: NodeIdentity, started: float) -> dict[str, Any]:
     """The first agent's plan once its ring is ready, telling each step of the agents on the way."""
     from agent.cli.status_cmd import StatusLink
 
