@@ -40,7 +40,9 @@ def demo_export(source: Path, folder: Path) -> Path:
 
 
 def tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
+    # -u and an explicit decode: CI runs without a locale (LANG unset), where tmux would draw the TUI's
+    # box and dot characters as '_' and Python would read its output as ASCII
+    return subprocess.run(["tmux", "-u", *args], check=True, capture_output=True, encoding="utf-8").stdout
 
 
 def screen() -> str:
@@ -70,7 +72,7 @@ def test_the_demo_opens_the_tui_streams_an_answer_and_ctrl_q_stops_every_agent(
     bin_dir = Path(sys.executable).parent
     # the TUI draws on stderr (Textual's way): nothing of the demo's is redirected
     command = f"{bin_dir / 'shoal'} demo --out {export}; echo demo-exited-$? > {tmp_path / 'exit'}"
-    env = {"HOME": str(home), "SHOAL_CACHE_DIR": str(cache_dir), "TERM": "xterm-256color"}
+    env = {"HOME": str(home), "SHOAL_CACHE_DIR": str(cache_dir), "TERM": "xterm-256color", "LANG": "C.UTF-8"}
     environment = [f"-e{name}={value}" for name, value in env.items()]
     tmux("new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", *environment, command)
     try:
