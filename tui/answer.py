@@ -59,6 +59,8 @@ class AnswerTally:
         }
         if stats.get("replays"):
             kept["replays"] = stats["replays"]
+        if stats.get("exact") is False:
+            kept["exact"] = False
         return kept
 
     def stopped(self) -> dict[str, Any]:
@@ -81,4 +83,6 @@ def stats_line(stats: Mapping[str, Any] | None) -> str:
         parts.append("cut at max tokens")
     if stats.get("replays"):
         parts.append(f"ring replayed {stats['replays']}×")
+    if stats.get("exact") is False:
+        parts.append("not exact")
     return " · ".join(parts)

@@ -195,7 +195,7 @@ class OpenAIEndpoint:
             elif event.event == "done":
                 text.append(event.text)
                 body = reply.body("".join(text), str(event.stats["finish_reason"]))
-                await _send_json(connection, writer, 200, {**body, "usage": _usage(event.stats)})
+                await _send_json(connection, writer, 200, {**body, "usage": _usage(event.stats), **_exact(event.stats)})
 
     async def _stream(
         self,
@@ -227,7 +227,7 @@ class OpenAIEndpoint:
                 if event.text:
                     await _send_event(connection, writer, reply.chunk({"content": event.text}))
                 finish = str(event.stats["finish_reason"])
-                await _send_event(connection, writer, reply.chunk({}, finish))
+                await _send_event(connection, writer, {**reply.chunk({}, finish), **_exact(event.stats)})
                 if include_usage:
                     await _send_event(
                         connection, writer, {**reply.chunk({}), "choices": [], "usage": _usage(event.stats)}
@@ -261,6 +261,13 @@ class _Reply:
         choice["finish_reason"] = finish
         kind = "text_completion" if self.completion else "chat.completion.chunk"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
+
+
+def _exact(stats: dict[str, Any]) -> dict[str, bool]:
+    """shoal's own field on an answer's last body or chunk: whether the ring computed it exactly as plain
+    decoding would, so the same request gets the same text (``AnswerTally.exact``). OpenAI's clients keep
+    fields they do not know (the ``openai`` client: ``response.model_extra``)."""
+    return {"exact": bool(stats.get("exact", False))}
 
 
 def _error_body(code: str, message: str) -> dict[str, Any]:

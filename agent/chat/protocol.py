@@ -135,7 +135,8 @@ class ChatEvent:
     ``failed``."""
     stats: dict[str, Any] = field(default_factory=dict)
     """For ``done``: tokens, seconds, steps, drafted, accepted, median_k, finish_reason (``stop``: a stop
-    token or sequence ended it; ``length``: max_tokens did)... A ``done`` event's ``text`` is the end of the
+    token or sequence ended it; ``length``: max_tokens did), exact (the ring computed it as plain decoding
+    would: the same question gets the same tokens)... A ``done`` event's ``text`` is the end of the
     answer's text that no token event carried (held back while it might have begun a stop sequence). For
     ``progress``: ``done`` and ``total`` prompt positions, ``seconds`` since the answer began."""
 

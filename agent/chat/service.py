@@ -100,6 +100,10 @@ class AnswerTally:
     """Fresh sessions its history was replayed into after the ring was lost."""
     interruptions: list[str] = field(default_factory=list)
     """Why the ring was lost (which link, what went silent), in order: told in the ``done`` event."""
+    exact: bool = True
+    """Every session it used computed each step as plain decoding would (``agent.runtime.repeatable``): the
+    same question gets the same tokens. False where a stage verified drafts or rewound in a precision and
+    thread count that round differently (told in the ``done`` event, counted in the status)."""
 
 
 class ChatService:
@@ -134,6 +138,8 @@ class ChatService:
         self._endpoint: ChatEndpoint | None = None
         self._answers = OwnedTasks()
         self.answered = 0
+        self.inexact = 0
+        """Answers that were not exact (``AnswerTally.exact``)."""
         self.replayed = 0
         """Answers' histories replayed into fresh sessions after a lost ring, all told."""
         self.totals: Counter[str] = Counter()
@@ -237,6 +243,7 @@ class ChatService:
             "endpoint": f"{self._endpoint.host}:{self._endpoint.port}",
             "http": self._endpoint.http,
             "answered": self.answered,
+            "inexact": self.inexact,
             "running": self.server.table.local - len(self.kept),
             "local_steps": client.local_steps if client else 0,
             "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0,
@@ -380,6 +387,9 @@ class ChatService:
                             await asyncio.shield(conversation.target.close())
         seconds = time.perf_counter() - started
         self.answered += 1
+        tally.exact = tally.exact and conversation is not None and conversation.target.repeatable()
+        if not tally.exact:
+            self.inexact += 1
         # a replayed answer computed its whole history again: nothing of its prompt was reused
         cached = conversation.target.reused if conversation is not None and not tally.replays else 0
         self.totals.update(
@@ -416,6 +426,7 @@ class ChatService:
                 "seed": request.seed,
                 "replays": tally.replays,
                 "interruptions": tally.interruptions,
+                "exact": tally.exact,
             },
         )
 
@@ -503,6 +514,7 @@ class ChatService:
                 self._prompts.discard(progress)
                 conversation.target.watch_prefill(None)
             lost = conversation.target
+            tally.exact = tally.exact and lost.repeatable()
             if replay:
                 fresh = await self._replayed(request, lost, tally)
                 tally.replays += 1
@@ -549,7 +561,7 @@ class ChatService:
             session = PipelineSession(
                 await loop.run_in_executor(self.server.executor, new_sessions, self.server.stages)
             )
-            target: Target = LocalTarget(session, params, self.server.executor)
+            target: Target = LocalTarget(session, params, self.server.executor, self.server.exact)
             turn = None
         else:
             try:

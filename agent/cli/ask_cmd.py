@@ -91,6 +91,8 @@ def answer_summary(done: ChatEvent) -> str:
     if stats.get("replays"):
         line += f", the ring lost and its session replayed {stats['replays']} time(s)"
         line += "".join(f"; {cause}" for cause in stats.get("interruptions", []))
+    if stats.get("exact") is False:
+        line += "; not exact: asked again, it may get other tokens (see `shoal status`)"
     return line
 
 

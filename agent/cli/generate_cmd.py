@@ -17,6 +17,7 @@ from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import make_drafter
 from agent.head.targets import LocalTarget, Target
 from agent.runtime.config import RuntimeConfig
+from agent.runtime.repeatable import stages_exact
 from agent.runtime.stage import CompiledStage, LocalPipeline
 from agent.sampling.params import SamplingParams
 from shards.manifest import Manifest
@@ -102,7 +103,8 @@ async def stream_answer(
     if not options.ring:
         pipeline = await loop.run_in_executor(None, LocalPipeline, export_dir, manifest, config)
         session = await loop.run_in_executor(executor, pipeline.new_session)
-        target, where = LocalTarget(session, params, executor), f"{len(manifest.stages)} local stages"
+        exact = stages_exact(pipeline.stages)
+        target, where = LocalTarget(session, params, executor, exact), f"{len(manifest.stages)} local stages"
     else:
         from agent.fleet import NodeIdentity
         from agent.head.ring_client import RingClient

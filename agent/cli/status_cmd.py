@@ -76,12 +76,21 @@ def run_status(args: argparse.Namespace, data_dir: Path) -> int:
     return 0
 
 
+_EXACTNESS = {
+    True: ", exact",
+    False: ", not exact with drafts (--threads 1 or --precision f32 makes it so)",
+    None: "",
+}
+"""What a stage's ``exact_speculation`` means for its answers (``agent.runtime.repeatable``)."""
+
+
 def status_lines(address: str, status: dict[str, Any]) -> list[str]:
     """An agent's status document for people: what it serves, its members, its download and the plan."""
     stages = status.get("stages") or []
     serving = (
         f"serves stage {', '.join(map(str, stages))} (layers {status['layers'][0]}-{status['layers'][1] - 1}) "
         f"on {status.get('device')}, next stage {status.get('next_stage') or 'none: the last'}"
+        f"{_EXACTNESS.get(status.get('exact_speculation'), '')}"
         if stages
         else "serves no stage"
     )
@@ -102,8 +111,10 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
             lines.append(f"  downloading {download['what']}: {_bytes_done(download['done'], download['total'])}")
     chat = status.get("chat")
     if isinstance(chat, dict):
+        inexact = f" ({chat['inexact']} not exact)" if chat.get("inexact") else ""
         lines.append(
-            f"  chats at {chat.get('endpoint')}: {chat.get('answered')} answered, {chat.get('running')} running"
+            f"  chats at {chat.get('endpoint')}: {chat.get('answered')} answered{inexact}, "
+            f"{chat.get('running')} running"
         )
         for done, total in chat.get("prompts_in", []):
             lines.append(f"  a prompt going in: {done:,} of {total:,} positions")

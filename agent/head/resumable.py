@@ -73,6 +73,9 @@ class ResumableTarget:
     def usable(self) -> bool:
         return self.inner.usable()
 
+    def repeatable(self) -> bool:
+        return self.inner.repeatable()
+
     async def park(self) -> None:
         await self.inner.park()
 

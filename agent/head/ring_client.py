@@ -30,6 +30,7 @@ from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_ch
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
 from agent.runtime.protocol import KVSession, Stage, new_sessions, wire_numpy_dtype
+from agent.runtime.repeatable import stages_exact, step_is_repeatable
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput
 from agent.transport.connection import FrameConnection, expect
@@ -317,6 +318,9 @@ class RingSession:
         """Of those, the first prompt's steps (one, or its chunks): the rest, divided by the steps after it, is a
         decode step's."""
         self._prompt_steps = 0
+        self._repeatable = True
+        """No step so far was computed unlike another grouping of its positions, on this head's stages or the
+        ring's (``agent.runtime.repeatable``): the session's readouts are what plain decoding gives."""
 
     def _deliver(self, frame: Frame) -> None:
         if not self._pending:
@@ -331,6 +335,8 @@ class RingSession:
             self._fail(error)
             return
         self.bytes_received += len(frame.payload)
+        if frame.flags & StepFlags.UNREPEATABLE:
+            self._repeatable = False
         if frame.step < self._prompt_steps:
             self.prompt_bytes_received += len(frame.payload)
         if pending.future is None:  # a chunk of a prompt: its answer says only that it went through
@@ -394,6 +400,9 @@ class RingSession:
         stages = len(self.client.manifest.stages)
         return max(1, stages // max(1, self.client.open_sessions))
 
+    def repeatable(self) -> bool:
+        return self._repeatable
+
     def answers_elsewhere(self) -> bool:
         return True  # at least the last stage is an agent: the head waits for the ring
 
@@ -416,6 +425,8 @@ class RingSession:
             request = SessionOpen(self.client.head_id, self.params.temperature, self.params.top_k, self.params.top_p)
             await self.client.send_first(request.to_frame(self.id))
             self._opened = True
+        if self._local and not step_is_repeatable(stages_exact(self.client.local_stages), len(ids), rewind, last_only):
+            self._repeatable = False
         position = self._logical - rewind
         if position < 0:
             raise RingError(f"cannot rewind {rewind} of {self._logical} positions")

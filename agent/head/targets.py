@@ -14,6 +14,7 @@ import numpy as np
 
 from agent.head.prefill import PrefillWatcher
 from agent.runtime.pipeline import PipelineSession
+from agent.runtime.repeatable import step_is_repeatable
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput, read_out
 
@@ -51,6 +52,11 @@ class Target(Protocol):
         """Whether the session can take more steps (not closed, its ring not lost, not evicted)."""
         ...
 
+    def repeatable(self) -> bool:
+        """Whether every step so far was computed as any other grouping of its positions would be
+        (``agent.runtime.repeatable``): the readouts are those plain decoding gives, whatever was drafted."""
+        ...
+
     def watch_prefill(self, watcher: PrefillWatcher | None) -> None:
         """Tell ``watcher`` how far each later prompt has gone, where it is computed in chunks (a ring's
         pipelined prefill, ``agent.head.prefill``); ``None``: stop telling."""
@@ -67,10 +73,20 @@ class Target(Protocol):
 class LocalTarget:
     """The in-process pipeline as a :class:`Target` (blocking inference runs on ``executor``)."""
 
-    def __init__(self, session: PipelineSession, params: SamplingParams, executor: Executor | None = None) -> None:
+    def __init__(
+        self,
+        session: PipelineSession,
+        params: SamplingParams,
+        executor: Executor | None = None,
+        exact: bool | None = None,
+    ) -> None:
+        """``exact``: the stages' speculation exactness (``agent.runtime.repeatable.stages_exact``; None, not
+        known: no step that could round otherwise counts as repeatable)."""
         self._session = session
         self._params = params
         self._executor = executor
+        self._exact = exact
+        self._repeatable = True
         self._order = asyncio.Lock()  # FIFO: submitted steps run one after the other, in order
 
     def _run(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
@@ -79,6 +95,8 @@ class LocalTarget:
         return read_out(logits, self._params, last_only)
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
+        if not step_is_repeatable(self._exact, len(ids), rewind, last_only):
+            self._repeatable = False
         async with self._order:
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, ids, rewind, last_only)
 
@@ -95,6 +113,9 @@ class LocalTarget:
 
     def usable(self) -> bool:
         return True
+
+    def repeatable(self) -> bool:
+        return self._repeatable
 
     def watch_prefill(self, watcher: PrefillWatcher | None) -> None:
         """Nothing to tell: a prompt is one step in this process."""

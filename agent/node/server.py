@@ -30,6 +30,7 @@ from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
+from agent.runtime.repeatable import stages_exact, step_is_repeatable
 from agent.sampling.readout import read_out
 from agent.transport.connection import FrameConnection, expect
 from agent.transport.heartbeat import pong
@@ -421,18 +422,23 @@ class StageServer:
         last_only = part or bool(frame.flags & StepFlags.LAST_ONLY)
         for session in state.stages:
             x = session.step(x, positions, last_only=last_only)
+        flags = frame.flags
+        if not step_is_repeatable(self.exact, frame.count, frame.rewind, last_only):
+            flags |= StepFlags.UNREPEATABLE
         fields: FrameFields = {
             "session": frame.session,
             "step": frame.step,
             "position": frame.position,
             "count": frame.count,
             "rewind": frame.rewind,
-            "flags": frame.flags,
+            "flags": flags,
         }
         if self.is_last:
+            told = flags & StepFlags.UNREPEATABLE
             if part:  # the prompt goes on in the next step: only its progress is told
-                return Frame(FrameType.RESULT, session=frame.session, step=frame.step, flags=StepFlags.PART)
-            return result_frame(read_out(x, state.open.sampling, last_only=last_only), frame.session, frame.step)
+                return Frame(FrameType.RESULT, session=frame.session, step=frame.step, flags=StepFlags.PART | told)
+            output = read_out(x, state.open.sampling, last_only=last_only)
+            return result_frame(output, frame.session, frame.step, told)
         wire = np.array(x, dtype=self._wire_dtype)  # a copy: x is reused
         return Frame.tensor(FrameType.STEP, wire, **fields)
 
@@ -525,6 +531,12 @@ class StageServer:
                 report = ErrorReport("peer_lost", f"{self.node} lost the next stage: {reason}", self.node)
                 await _send_quietly(state.upstream, report.to_frame(session))
 
+    @property
+    def exact(self) -> bool | None:
+        """Whether this agent's stages compute a step the same in any grouping of its positions
+        (``agent.runtime.repeatable``; None: a device not measured)."""
+        return stages_exact(self.stages)
+
     # -- status --------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """What ``shoal status`` shows: held sessions, load, the link to the next stage."""
@@ -537,7 +549,7 @@ class StageServer:
             "device": self.stages[0].device if self.serves else None,
             "rewind": ("compact" if self.stages[0].compact_rewind else "mask") if self.serves else None,
             # whether speculative greedy decoding here equals plain decoding (null: not measured on this device)
-            "exact_speculation": self.stages[0].exact_speculation if self.serves else None,
+            "exact_speculation": self.exact if self.serves else None,
             "sessions": [f"{s:016x}" for s in self.table.sessions],
             "parked": self.table.parked(),
             "evicted": self.table.evicted,

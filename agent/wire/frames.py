@@ -33,7 +33,7 @@ import numpy as np
 from agent.errors import LocalProtocolError
 
 MAGIC = b"SH"
-PROTOCOL_VERSION = 5  # 2: PARK; 3: PING and PONG; 4: MEMBERS; 5: StepFlags.PART
+PROTOCOL_VERSION = 6  # 2: PARK; 3: PING and PONG; 4: MEMBERS; 5: StepFlags.PART; 6: StepFlags.UNREPEATABLE
 HEADER = struct.Struct("<2sBBQIIHHHBB4II")
 HEADER_SIZE = HEADER.size
 MAX_NDIM = 4
@@ -65,6 +65,9 @@ class StepFlags(enum.IntFlag):
     LAST_ONLY = 1  # the head needs the result of the last position only (a prompt)
     PART = 2  # one chunk of a prompt that the session's next step continues (pipelined prefill): the last
     # stage reads nothing out and answers with an empty RESULT, which tells the head how far the prompt is
+    UNREPEATABLE = 4  # set by a stage that computed this step unlike another grouping of its positions would
+    # (``agent.runtime.repeatable``), kept by every stage after it, and returned on the RESULT: the answer
+    # it belongs to may differ from the same question asked again
 
 
 class DType(enum.IntEnum):

@@ -11,17 +11,19 @@ import numpy as np
 from agent.errors import RemoteProtocolError
 from agent.sampling.distribution import decode_many, encode_many
 from agent.sampling.readout import StepOutput
-from agent.wire.frames import DType, Frame, FrameType
+from agent.wire.frames import DType, Frame, FrameType, StepFlags
 
 
-def result_frame(output: StepOutput, session: int, step: int) -> Frame:
-    """The RESULT frame carrying ``output`` for step ``step`` of ``session``."""
+def result_frame(output: StepOutput, session: int, step: int, flags: StepFlags = StepFlags.NONE) -> Frame:
+    """The RESULT frame carrying ``output`` for step ``step`` of ``session`` (``flags``: what the head is
+    told of the step, ``StepFlags.UNREPEATABLE``)."""
     if output.top1 is not None:
-        return Frame.tensor(
-            FrameType.RESULT, output.top1.astype(np.int32), session=session, step=step, count=len(output.top1)
-        )
+        top1 = output.top1.astype(np.int32)
+        return Frame.tensor(FrameType.RESULT, top1, session=session, step=step, count=len(top1), flags=flags)
     dists = output.dists or []
-    return Frame.message(FrameType.RESULT, encode_many(dists), session=session, step=step, count=len(dists))
+    return Frame.message(
+        FrameType.RESULT, encode_many(dists), session=session, step=step, count=len(dists), flags=flags
+    )
 
 
 def parse_result(frame: Frame, vocab_size: int, max_positions: int) -> StepOutput:

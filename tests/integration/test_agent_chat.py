@@ -159,6 +159,7 @@ def test_chat_agent_answers_exactly_as_the_pipeline(
         assert tokens == reference(prompt), prompt
         assert "".join(e.text for e in events if e.event == "token") == tokenizer.decode(tokens)
         assert events[-1].stats["tokens"] == len(tokens)
+        assert events[-1].stats["exact"] is True  # f32 stages: exact whatever was drafted
         drafted += events[-1].stats["drafted"]
     assert drafted > 0, "the chats decode speculatively (n-gram drafter by default)"
     # the command line: `shoal ask` prints the same text
@@ -715,7 +716,7 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on(
         assert time.monotonic() - started >= FREEZE_SECONDS
         assert _tokens(events) == expected
         stats = events[-1].stats
-        assert stats["replays"] == 1, stats  # type: ignore[index]
+        assert stats["replays"] == 1 and stats["exact"] is True, stats  # type: ignore[index]
         assert any("not even an answer to heartbeats" in cause for cause in stats["interruptions"]), stats  # type: ignore[index]
     finally:
         os.kill(ring[0].process.pid, signal.SIGCONT)

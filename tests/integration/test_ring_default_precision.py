@@ -67,6 +67,8 @@ def test_speculative_greedy_equals_plain_through_a_default_ring(
                             )
                         ]
                     )
+                    # every stage cuts its rewinds on one thread: each answer says it was exact
+                    assert session.repeatable()
                 finally:
                     await session.close()
             return results

@@ -11,8 +11,6 @@ clear error, and the agent goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ import pytest
 from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.daemon import Daemon, DaemonAddresses
 from agent.head.prefill import prefill_chunks
-from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run, stage_address
+from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, ring_and_chat, run, stage_address
 from tests.support.toy_model import ToyTokenizer
 
 QUESTION = "where is the toy"
@@ -58,22 +56,9 @@ async def _events_losing_stage_1(ring: ToyRing, daemon: Daemon, request: ChatReq
     return events
 
 
-@contextlib.asynccontextmanager
-async def _ring_and_chat(
-    tmp_path: Path, max_sessions: int = 4, **chat: object
-) -> AsyncIterator[tuple[ToyRing, Daemon]]:
-    ring = await ToyRing.start(max_sessions=max_sessions)
-    daemon = await ring.chat_agent(tmp_path, **chat)
-    try:
-        yield ring, daemon
-    finally:
-        await daemon.stop()
-        await ring.stop()
-
-
 def test_a_chat_is_the_whole_models_answer_and_its_next_turn_computes_only_the_new_part(tmp_path: Path) -> None:
     async def main() -> None:
-        async with _ring_and_chat(tmp_path) as (ring, daemon):
+        async with ring_and_chat(tmp_path) as (ring, daemon):
             first = (("user", QUESTION),)
             events = await _events(daemon, _request(daemon, *first))
             tokens = _tokens(events)
@@ -94,7 +79,7 @@ def test_a_chat_is_the_whole_models_answer_and_its_next_turn_computes_only_the_n
 
 def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on_unchanged(tmp_path: Path) -> None:
     async def main() -> None:
-        async with _ring_and_chat(tmp_path) as (ring, daemon):
+        async with ring_and_chat(tmp_path) as (ring, daemon):
             turns = (("user", QUESTION),)
             expected = await reference(ring, _ids(*turns), 40)
             assert daemon.chats is not None
@@ -109,7 +94,7 @@ def test_a_ring_lost_mid_answer_is_replayed_and_the_answer_goes_on_unchanged(tmp
 
 def test_a_kept_session_evicted_by_a_full_stage_makes_the_next_turn_start_afresh(tmp_path: Path) -> None:
     async def main() -> None:
-        async with _ring_and_chat(tmp_path) as (ring, daemon):
+        async with ring_and_chat(tmp_path) as (ring, daemon):
             await ring.vanish(2)
             await ring.restart(2, max_sessions=1)
             first = (("user", QUESTION),)
@@ -134,7 +119,7 @@ def test_a_kept_session_evicted_by_a_full_stage_makes_the_next_turn_start_afresh
 
 def test_a_chat_beyond_the_agents_places_is_told_fleet_busy_and_the_others_go_on(tmp_path: Path) -> None:
     async def main() -> None:
-        async with _ring_and_chat(tmp_path, max_sessions=1, chat_keep=0.0) as (ring, daemon):
+        async with ring_and_chat(tmp_path, max_sessions=1, chat_keep=0.0) as (ring, daemon):
             assert daemon.chats is not None
             turns = (("user", QUESTION),)
             running = daemon.chats.answer(_request(daemon, *turns, max_tokens=30))
@@ -151,7 +136,7 @@ def test_a_chat_beyond_the_agents_places_is_told_fleet_busy_and_the_others_go_on
 
 def test_a_client_that_leaves_mid_answer_frees_its_session_on_every_stage(tmp_path: Path) -> None:
     async def main() -> None:
-        async with _ring_and_chat(tmp_path) as (ring, daemon):
+        async with ring_and_chat(tmp_path) as (ring, daemon):
             assert daemon.chats is not None
             answer_events = daemon.chats.answer(_request(daemon, ("user", QUESTION), max_tokens=60))
             for _ in range(3):
@@ -166,7 +151,7 @@ def test_a_client_that_leaves_mid_answer_frees_its_session_on_every_stage(tmp_pa
 
 def test_the_chat_drafts_with_ngrams_and_stays_exact(tmp_path: Path) -> None:
     async def main() -> None:
-        async with _ring_and_chat(tmp_path) as (ring, daemon):
+        async with ring_and_chat(tmp_path) as (ring, daemon):
             turns = (("user", "abab abab abab abab abab abab"),)
             events = await _events(daemon, _request(daemon, *turns, max_tokens=40))
             assert _tokens(events) == await reference(ring, _ids(*turns), 40)
@@ -178,7 +163,7 @@ def test_the_chat_drafts_with_ngrams_and_stays_exact(tmp_path: Path) -> None:
 
 def test_a_head_holding_no_stage_answers_as_the_stage_0_head_does(tmp_path: Path) -> None:
     async def main() -> None:
-        async with _ring_and_chat(tmp_path) as (ring, with_stage):
+        async with ring_and_chat(tmp_path) as (ring, with_stage):
             bare = await ring.chat_agent(
                 tmp_path / "bare", host="10.9.0.60", stages=(), next=None, ring_first=stage_address(0)
             )
@@ -227,7 +212,7 @@ def test_a_chunked_prompt_its_next_turn_and_its_replay_give_the_whole_models_ans
     the replay of a ring lost mid-answer: the answers stay the whole model's."""
 
     async def main() -> None:
-        async with _ring_and_chat(tmp_path, prefill_chunk=3) as (ring, daemon):
+        async with ring_and_chat(tmp_path, prefill_chunk=3) as (ring, daemon):
             first = (("user", QUESTION),)
             events = await _events(daemon, _request(daemon, *first))
             assert _tokens(events) == await reference(ring, _ids(*first))

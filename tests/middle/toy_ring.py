@@ -8,7 +8,8 @@ successor links, the session table, the ring client, the frame codec. Only the s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -190,3 +191,16 @@ def run(main: Callable[[], Awaitable[T]], timeout: float = 20.0) -> T:
         return await asyncio.wait_for(main(), timeout)
 
     return asyncio.run(bounded())
+
+
+@contextlib.asynccontextmanager
+async def ring_and_chat(folder: Path, max_sessions: int = 4, **chat: object) -> AsyncIterator[tuple[ToyRing, Daemon]]:
+    """A started toy ring of three stages and a chat agent in front of it (``ToyRing.chat_agent``: ``chat``
+    changes its configuration, its endpoint file goes in ``folder``); both stopped at the end."""
+    ring = await ToyRing.start(max_sessions=max_sessions)
+    daemon = await ring.chat_agent(folder, **chat)
+    try:
+        yield ring, daemon
+    finally:
+        await daemon.stop()
+        await ring.stop()

@@ -88,6 +88,9 @@ class ScriptedTarget:
     def usable(self) -> bool:
         return not self.closed and not self.evicted
 
+    def repeatable(self) -> bool:
+        return True
+
     def watch_prefill(self, watcher: object) -> None:
         """Its prompts are one step: nothing to tell."""
 

@@ -79,3 +79,16 @@ def test_an_agent_wired_by_hand_shows_no_plan() -> None:
     lines = status_lines("127.0.0.1:7000", status)
     assert lines[0].endswith("serves no stage")
     assert not any("plan" in line for line in lines)
+
+
+def test_the_status_says_whether_a_stage_and_the_chats_were_exact() -> None:
+    status = agent_status()
+    status["exact_speculation"] = False
+    status["chat"]["inexact"] = 1
+    text = "\n".join(status_lines("10.0.0.2:7000", status))
+    assert "next stage connected, not exact with drafts (--threads 1 or --precision f32 makes it so)" in text
+    assert "2 answered (1 not exact), 1 running" in text
+    status["exact_speculation"] = True
+    status["chat"]["inexact"] = 0
+    text = "\n".join(status_lines("10.0.0.2:7000", status))
+    assert "next stage connected, exact" in text and "2 answered, 1 running" in text
