@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib.util
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,15 +64,20 @@ def require_extra(what: str, extra: str, modules: tuple[str, ...]) -> None:
 
 
 @contextlib.contextmanager
-def exit_on_sigterm() -> Iterator[None]:
+def exit_on_sigterm() -> Iterator[threading.Event]:
     """While it lasts, SIGTERM ends the process as Ctrl-C does, through an exception, so that cleanup runs
-    (an export's unfinished ``OUT.incomplete`` folder is removed) instead of the process dying where it is."""
+    (an export's unfinished ``OUT.incomplete`` folder is removed) instead of the process dying where it is.
+
+    Yields an event that is set once SIGTERM came: a handler that runs inside a finalizer (a ``__del__`` during
+    a garbage collection) has its exception swallowed by Python, so long work checks the event as well."""
+    terminated = threading.Event()
 
     def stop(signum: int, frame: object) -> None:
+        terminated.set()
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        yield
+        yield terminated
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
 from agent.cli.common import exit_on_sigterm
+from agent.errors import ExportError
 
 
 def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
@@ -22,8 +24,13 @@ def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
         force=args.force,
         layers=args.layers,
     )
-    with exit_on_sigterm():
-        manifest = export(request, cache_dir)
+    with exit_on_sigterm() as terminated:
+        try:
+            manifest = export(request, cache_dir, stop_requested=terminated.is_set)
+        except ExportError:
+            if terminated.is_set():  # the SIGTERM's own exception was swallowed; the export stopped at a check
+                raise SystemExit(128 + signal.SIGTERM) from None
+            raise
     for stage in manifest.stages:
         ends = " + ".join(e for e, held in (("embeddings", stage.embeddings), ("head", stage.head)) if held)
         print(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,8 +73,21 @@ class ExportRequest:
         return self.draft_source
 
 
-def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Manifest:
-    """Run an export; returns the manifest of the finished folder (existing and matching: reused)."""
+def export(
+    request: ExportRequest,
+    cache_dir: Path,
+    progress: bool = True,
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> Manifest:
+    """Run an export; returns the manifest of the finished folder (existing and matching: reused).
+
+    ``stop_requested`` is asked between steps: once it answers True the export raises :class:`ExportError`
+    and removes what it wrote, and never puts the finished folder in place."""
+
+    def check_stop() -> None:
+        if stop_requested():
+            raise ExportError("the export was stopped before it finished")
+
     checkpoint = open_checkpoint(request.source, cache_dir)
     spec = arch_spec_from_config(checkpoint.config)
     check_attention_window(checkpoint.config, min(DEFAULT_CONTEXT_TOKENS, spec.max_position_embeddings))
@@ -98,6 +111,7 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
     try:
         stages = []
         for index, layers in enumerate(tqdm(ranges, desc="stages", disable=not progress)):
+            check_stop()
             has_embeddings, has_head = index == 0, index == len(ranges) - 1
             stages.append(
                 _export_graph(
@@ -127,6 +141,7 @@ def export(request: ExportRequest, cache_dir: Path, progress: bool = True) -> Ma
             producer={"shoal": _version(), "openvino": ov.get_version(), "torch": torch.__version__},
         )
         manifest.save(staging)
+        check_stop()
         _replace_dir(staging, out, replace)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
