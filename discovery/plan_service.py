@@ -283,6 +283,15 @@ class FleetPlanService:
             "progress": held.percent if held else None,
         }
 
+    def _layers(self, stage: int, export: str) -> list[int] | None:
+        """The decoder layers ``[start, stop)`` of ``stage`` in the export the plan was made for (None: that
+        export's manifest is not the one at hand), so a client draws each stage's span over the whole model."""
+        manifest = self.manifest
+        if manifest is None or manifest.export_id != export or not 0 <= stage < len(manifest.stages):
+            return None
+        graph = manifest.stages[stage]
+        return [graph.layer_start, graph.layer_stop]
+
     def route(self) -> Route:
         """Where a chat goes through the plan's ring; :class:`RingNotReady` saying why it cannot yet."""
         record = self.record
@@ -305,7 +314,8 @@ class FleetPlanService:
         return Route(_reachable(first), _reachable(last), tuple(nodes))
 
     def status(self) -> dict[str, Any]:
-        """The ``plan`` section of the agent's status."""
+        """The ``plan`` section of the agent's status. Besides the plan: ``layers``, the model's decoder layers,
+        and each stage's ``layers`` ``[start, stop)`` (null until the export's manifest is read)."""
         record, names = self.record, self._names()
         document = self.document
         base: dict[str, Any] = {
@@ -332,11 +342,13 @@ class FleetPlanService:
             "ready": ready,
             "waiting": waiting,
             "bottleneck": round(record.plan.bottleneck, 3),
+            "layers": self.manifest.arch.num_layers if self.manifest is not None else None,
             "stages": [
                 {
                     "stage": a.stage,
                     "node": a.node,
                     "name": names.get(a.node) if a.node else None,
+                    "layers": self._layers(a.stage, record.export),
                     **self._held_view(a.node, a.stage),
                     "standbys": [{"node": n, "name": names.get(n), **self._held_view(n, a.stage)} for n in a.standbys],
                     "reason": a.reason,

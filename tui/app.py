@@ -2,9 +2,11 @@
 
 The app holds the state (the conversation on screen, the answer streaming, the settings) and its widgets
 show it. Everything that waits runs in a worker: the answer's stream, the status poll (every
-``poll_seconds``), the SQLite store. Workers post :mod:`tui.events` messages; the handlers here put what
-they carry into the widgets. The clock and both data sources are constructor arguments, so tests run the
-app against fakes and its screenshots repeat.
+``poll_seconds``), the poll of the plan's other agents (their step latency, sessions and memory), the SQLite
+store, the admin's changes. Workers post :mod:`tui.events` messages; the handlers here put what they carry
+into the widgets. The clock and the data sources are constructor arguments, so tests run the app against fakes
+and its screenshots repeat. The admin screen (F3) exists only when an admin source is handed in: the command
+line hands one in when this PC holds the fleet's CA key.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from textual.widgets import Footer, Header
 
 from agent.chat.progress import progress_line
 from agent.errors import ShoalError
+from tui.admin import AdminSource
+from tui.admin_screen import ADMIN_COMMANDS, AdminScreen
 from tui.answer import AnswerTally, stats_line
 from tui.conversation import ConversationView
 from tui.events import (
@@ -38,18 +42,19 @@ from tui.events import (
     ConversationLoaded,
     ConversationSaved,
     ConversationsListed,
+    PeersPolled,
     SettingsLoaded,
     StatusPolled,
     StoreFailed,
     Thread,
 )
-from tui.fleet import WAITING, FleetReport, fleet_report, unreachable
+from tui.fleet import WAITING, FleetReport, fleet_report, peer_addresses, unreachable
 from tui.fleet_view import FleetView
 from tui.generation import GenerationSettings
 from tui.history import HistoryScreen
 from tui.prompt_input import PromptInput
 from tui.settings import SettingsScreen
-from tui.sources import ChatSource, Clock, StatusSource
+from tui.sources import ChatSource, Clock, PeerStatusSource, StatusSource
 from tui.status_line import StatusLine
 from tui.store import ConversationStore, title_of
 from tui.throughput import RateHistory, ThroughputPanel
@@ -58,7 +63,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SETTINGS_KEY = "generation"
-_MAIN_SCREEN_ACTIONS = frozenset({"stop", "new_conversation", "conversations", "settings", "toggle_fleet"})
+_MAIN_SCREEN_ACTIONS = frozenset({"stop", "new_conversation", "conversations", "settings", "toggle_fleet", "admin"})
 PLOT_MINUTES = 3.0
 
 
@@ -74,6 +79,7 @@ class ChatApp(App[None]):
         Binding("ctrl+o", "conversations", "Chats", id="conversations"),
         Binding("ctrl+g", "settings", "Settings", id="settings"),
         Binding("f2", "toggle_fleet", "Fleet", id="fleet"),
+        Binding("f3", "admin", "Admin", id="admin"),
         Binding("ctrl+q", "quit", "Quit", id="quit", priority=True),
     ]
 
@@ -85,10 +91,16 @@ class ChatApp(App[None]):
         *,
         clock: Clock = time.time,
         poll_seconds: float = 1.0,
+        peers: PeerStatusSource | None = None,
+        admin: AdminSource | None = None,
     ) -> None:
+        """``peers``: the status of the plan's other agents (None: their own figures show as unknown);
+        ``admin``: the fleet admin's source (None: no admin screen)."""
         super().__init__()
         self._chat = chat
         self._status = status
+        self._peers = peers
+        self.admin = admin
         self._store = store
         self._clock = clock
         self._poll_seconds = poll_seconds
@@ -98,6 +110,12 @@ class ChatApp(App[None]):
         self.turn: AnswerTurn | None = None
         """The answer streaming now (None: none)."""
         self.fleet: FleetReport = WAITING
+        self._status_docs: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
+        """The local agent's last status and the one before (for recent step latencies)."""
+        self._peer_docs: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] = ({}, {})
+        """The plan's other agents' last statuses by node id, and the ones before those."""
+        self._peer_targets: dict[str, str] = {}
+        """The agents to poll besides the local one: node id -> ``host:port``."""
         self.rates = RateHistory(window=PLOT_MINUTES * 60)
         # the widgets, made here and kept: handlers reach them even while a dialog is the current screen
         self.conversation = ConversationView(id="conversation")
@@ -123,6 +141,8 @@ class ChatApp(App[None]):
         self.sub_title = "new conversation"
         self.prompt.focus()
         self._poll_status()
+        if self._peers is not None:
+            self._poll_peers(self._peers)
         self._load_settings()
         self.set_interval(1.0, self._tick)
         self._show_settings()
@@ -130,6 +150,9 @@ class ChatApp(App[None]):
     async def on_unmount(self) -> None:
         with contextlib.suppress(ShoalError, OSError):
             await self._status.close()
+        if self._peers is not None:
+            with contextlib.suppress(ShoalError, OSError):
+                await self._peers.close()
 
     @property
     def streaming(self) -> bool:
@@ -140,9 +163,16 @@ class ChatApp(App[None]):
             return False  # a dialog is open: its own keys only
         if action == "stop":
             return self.streaming  # the footer shows Stop only while an answer streams
+        if action == "admin":
+            return self.admin is not None  # only a holder of the fleet key administers it
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        if isinstance(screen, AdminScreen):
+            for title, help_text, action in ADMIN_COMMANDS:
+                yield SystemCommand(title, help_text, getattr(screen, f"action_{action}"))
+            yield from super().get_system_commands(screen)
+            return
         commands = (
             ("Send the prompt", "Ask the fleet what the prompt says (enter)", self._send_from_palette),
             ("Stop the answer", "Stop the answer streaming now (esc)", self.action_stop),
@@ -153,6 +183,8 @@ class ChatApp(App[None]):
         )
         for title, help_text, callback in commands:
             yield SystemCommand(title, help_text, callback)
+        if self.admin is not None:
+            yield SystemCommand("Fleet admin", "Pins, enrolled nodes, join tokens, revocation (f3)", self.action_admin)
         yield from super().get_system_commands(screen)
 
     # -- actions ----------------------------------------------------------------------------------
@@ -196,6 +228,10 @@ class ChatApp(App[None]):
             self.fleet_view.stages.focus()
         else:
             self.prompt.focus()
+
+    def action_admin(self) -> None:
+        if self.admin is not None and not isinstance(self.screen, ModalScreen):
+            self.push_screen(AdminScreen(self.admin))
 
     # -- the chat ---------------------------------------------------------------------------------
     @on(PromptInput.Submitted)
@@ -338,8 +374,70 @@ class ChatApp(App[None]):
                 self.post_message(StatusPolled(status))
             await asyncio.sleep(self._poll_seconds)
 
+    @work(group="peers", exclusive=True, exit_on_error=False)
+    async def _poll_peers(self, peers: PeerStatusSource) -> None:
+        """Poll the plan's other agents, each on its own: a slow or frozen one delays only its own figures (a real
+        link gives up after its timeout), never the others' nor the local status."""
+
+        async def one(node: str, address: str) -> dict[str, Any] | None:
+            try:
+                return await peers.get(node, address)
+            except ShoalError as exc:
+                log.info("no status from %s at %s: %s", node, address, exc)
+            except Exception:  # the UI's edge, as for the chat
+                log.exception("the status of %s at %s failed", node, address)
+            return None
+
+        asking: dict[str, asyncio.Task[dict[str, Any] | None]] = {}
+        try:
+            while True:
+                for node, address in self._peer_targets.items():
+                    if node not in asking:
+                        asking[node] = asyncio.create_task(one(node, address))
+                answered = {node: asking.pop(node).result() for node, task in list(asking.items()) if task.done()}
+                if answered:
+                    self.post_message(PeersPolled(answered))
+                await asyncio.sleep(self._poll_seconds)
+        finally:
+            for task in asking.values():
+                task.cancel()
+            await asyncio.gather(*asking.values(), return_exceptions=True)
+
     def on_status_polled(self, message: StatusPolled) -> None:
-        report = unreachable(message.error or "") if message.status is None else fleet_report(message.status)
+        if message.status is None:
+            self._status_docs = (None, None)
+            self._peer_targets = {}
+            self._show_fleet(unreachable(message.error or ""))
+            return
+        self._status_docs = (message.status, self._status_docs[0])
+        self._peer_targets = peer_addresses(message.status)
+        self._show_fleet(self._fleet_report(message.status))
+
+    def on_peers_polled(self, message: PeersPolled) -> None:
+        docs, before = self._peer_docs
+        for node, doc in message.statuses.items():
+            if doc is None:  # no answer: its figures are unknown until it answers again
+                docs.pop(node, None)
+                before.pop(node, None)
+            else:
+                if node in docs:
+                    before[node] = docs[node]
+                docs[node] = doc
+        if (status := self._status_docs[0]) is not None:
+            self._show_fleet(self._fleet_report(status))
+
+    def _fleet_report(self, status: dict[str, Any]) -> FleetReport:
+        """The report of ``status`` and the peers' last documents, each beside the one before it."""
+        status_before = self._status_docs[1]
+        peers, peers_before = self._peer_docs
+        before = dict(peers_before)
+        members = status.get("members")
+        own = members.get("node") if isinstance(members, dict) else None
+        if isinstance(own, str) and status_before is not None:
+            before[own] = status_before
+        return fleet_report(status, peers, before)
+
+    def _show_fleet(self, report: FleetReport) -> None:
         before, self.fleet = self.fleet, report
         self.fleet_view.report = report
         self.status_line.fleet = (report.headline, report.severity)

@@ -85,6 +85,15 @@ class StatusPolled(Message):
         self.status, self.error = status, error
 
 
+class PeersPolled(Message):
+    """Answers of the plan's other agents: each one's status document by node id, None where it failed (those
+    still being asked are not in it)."""
+
+    def __init__(self, statuses: dict[str, dict[str, Any] | None]) -> None:
+        super().__init__()
+        self.statuses = statuses
+
+
 class ConversationSaved(Message):
     def __init__(self, thread: Thread) -> None:
         super().__init__()

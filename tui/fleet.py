@@ -1,16 +1,21 @@
-"""What the fleet view shows, computed from one status document of the local agent (a pure function).
+"""What the fleet view shows, computed from status documents (pure functions).
 
-The status has a section per part of the agent: ``plan`` (``discovery/plan_service.py``: the plan's stages
-with the node, state and download percent of each, their standbys), ``members`` (``discovery/service.py``:
-every peer this agent knows, with its state), ``ring`` (what this agent does for the plan) and ``chat``.
-A hand-wired agent (``--stage``/``--next``) has none of the fleet's sections. Nothing here trusts the
-document's shape: a missing or odd field shows as unknown, it never raises.
+The local agent's status has a section per part of the agent: ``plan`` (``discovery/plan_service.py``: the plan's
+stages with the node, state, download percent and layers of each, their standbys, the model's layer count),
+``members`` (``discovery/service.py``: every peer this agent knows, with its state and what it announces:
+devices, memory offered), ``ring`` (what this agent does for the plan) and ``chat``. A hand-wired agent
+(``--stage``/``--next``) has none of the fleet's sections.
+
+A stage's own figures (the device it computes on, its step latency, its sessions open and parked, the memory
+its agent holds) are in the status of the agent serving it (``agent/node/server.py``): the app reads those of
+the plan's nodes besides the local one's and hands them in as ``peers``. Nothing here trusts a document's
+shape: a missing or odd field shows as unknown (``—``), it never raises.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 Severity = Literal["ok", "warning", "error"]
@@ -29,6 +34,8 @@ _STATE_HEALTH: dict[str, Health] = {
     "failed": "bad",
 }
 _GONE_MEMBER = frozenset({"lost", "gone", "revoked", "foreign"})
+UNKNOWN = "—"
+"""What a figure that no status gave shows as."""
 
 
 @dataclass(frozen=True)
@@ -49,12 +56,59 @@ class Held:
 
 
 @dataclass(frozen=True)
+class StageLoad:
+    """What a stage's agent says of its own work (``agent/node/server.py``'s status); None: not known."""
+
+    device: str | None = None
+    step_ms: float | None = None
+    """Milliseconds of one step: the mean of the steps since the previous reading, else of all its steps."""
+    sessions: int | None = None
+    """Sessions its stages hold, the parked ones included (as ``shoal_sessions_open`` counts them)."""
+    parked: int | None = None
+    """Of those, sessions kept between a chat's turns."""
+    memory_mb: int | None = None
+    """MiB the agent's process holds."""
+
+
+def stage_load(status: Mapping[str, Any] | None, before: Mapping[str, Any] | None = None) -> StageLoad:
+    """The load in one agent's status document; ``before``, its previous document, makes the step latency the
+    recent steps' (a lifetime mean would hide a stage that just slowed down)."""
+    if status is None:
+        return StageLoad()
+    device = status.get("device")
+    sessions = status.get("sessions")
+    return StageLoad(
+        device=device if isinstance(device, str) and device else None,
+        step_ms=_step_ms(_mapping(status.get("step_seconds")), _mapping((before or {}).get("step_seconds"))),
+        sessions=len(sessions) if isinstance(sessions, list) else None,
+        parked=_count(status.get("parked")),
+        memory_mb=_count(status.get("memory_mb")),
+    )
+
+
+def _step_ms(now: Mapping[str, Any] | None, before: Mapping[str, Any] | None) -> float | None:
+    count, seconds = _number(now, "count"), _number(now, "sum")
+    if count is None or seconds is None or count <= 0:
+        return None
+    count0, seconds0 = _number(before, "count"), _number(before, "sum")
+    if count0 is not None and seconds0 is not None and 0 <= count0 < count and seconds0 <= seconds:
+        return (seconds - seconds0) / (count - count0) * 1000
+    return seconds / count * 1000
+
+
+@dataclass(frozen=True)
 class StageRow:
     stage: int
     holder: Held | None
     """None: no member covers the stage."""
     standbys: tuple[Held, ...]
     reason: str
+    layers: tuple[int, int] | None = None
+    """The decoder layers ``[start, stop)`` the stage computes."""
+    load: StageLoad = field(default_factory=StageLoad)
+    share: float | None = None
+    """The stage's part of the ring's step time (0-1): the sum of the stages' step latencies is the ring's
+    computing per token, so the largest share is the stage that sets the pace. None unless every stage's is known."""
 
     @property
     def state(self) -> Held:
@@ -90,6 +144,8 @@ class FleetReport:
     stages: tuple[StageRow, ...] = ()
     others: tuple[MemberRow, ...] = ()
     ready: bool = False
+    layers: int | None = None
+    """The model's decoder layers (the span bars' whole)."""
 
 
 WAITING = FleetReport("Asking the agent for the fleet's state…", "warning", "asking the agent…", reachable=False)
@@ -99,8 +155,14 @@ def unreachable(error: str) -> FleetReport:
     return FleetReport(f"Agent unreachable: {error}", "error", "agent unreachable", reachable=False)
 
 
-def fleet_report(status: Mapping[str, Any]) -> FleetReport:
-    """The report of one status document (``StatusLink.get``)."""
+def fleet_report(
+    status: Mapping[str, Any],
+    peers: Mapping[str, Mapping[str, Any]] | None = None,
+    before: Mapping[str, Mapping[str, Any]] | None = None,
+) -> FleetReport:
+    """The report of the local agent's status document (``StatusLink.get``). ``peers``: the status documents
+    of the plan's nodes, by node id (the local agent's own is ``status``, unless given); ``before``: the
+    previous ones, for recent step latencies."""
     plan = _mapping(status.get("plan"))
     members = _mapping(status.get("members"))
     if plan is None:
@@ -117,10 +179,16 @@ def fleet_report(status: Mapping[str, Any]) -> FleetReport:
         for m in (_mapping(raw) for raw in _sequence(members.get("members") if members else None))
         if m is not None
     }
+    docs = dict(peers or {})
+    if members is not None and members.get("node") and str(members["node"]) not in docs:
+        docs[str(members["node"])] = status  # the local agent's stage, if it holds one
+    loads = {node: stage_load(_mapping(doc), _mapping((before or {}).get(node))) for node, doc in docs.items()}
+    devices = _announced_devices(members)
     entries = [entry for entry in (_mapping(raw) for raw in _sequence(plan.get("stages"))) if entry is not None]
-    rows = tuple(row for row in (_stage_row(entry, states) for entry in entries) if row is not None)
+    rows = _shared([row for row in (_stage_row(entry, states, loads, devices) for entry in entries) if row is not None])
     in_ring = {str(entry.get("node")) for entry in entries if entry.get("node")}
     banner, severity, headline = _banner(plan, rows)
+    total = plan.get("layers")
     return FleetReport(
         banner,
         severity,
@@ -129,7 +197,43 @@ def fleet_report(status: Mapping[str, Any]) -> FleetReport:
         stages=rows,
         others=_others(members, plan, in_ring),
         ready=bool(plan.get("ready")),
+        layers=total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None,
     )
+
+
+def peer_addresses(status: Mapping[str, Any]) -> dict[str, str]:
+    """The agents whose own status the fleet view reads besides the local one's: each node of the plan's stages
+    that is a member (a lost one would only time out), by node id, with the ``host:port`` it was heard at."""
+    plan, members = _mapping(status.get("plan")), _mapping(status.get("members"))
+    if plan is None or members is None:
+        return {}
+    heard = {}
+    for raw in _sequence(members.get("members")):
+        member = _mapping(raw) or {}
+        if member.get("state") == "member" and isinstance(member.get("address"), str) and member.get("node"):
+            heard[str(member["node"])] = member["address"]
+    nodes = [str(entry.get("node")) for entry in (_mapping(raw) or {} for raw in _sequence(plan.get("stages")))]
+    return {node: heard[node] for node in nodes if node in heard and node != members.get("node")}
+
+
+def _announced_devices(members: Mapping[str, Any] | None) -> dict[str, str]:
+    """The devices each member announces (the one a stage runs on is in its own status; this is the fallback)."""
+    found = {}
+    for raw in _sequence(members.get("members") if members else None):
+        member = _mapping(raw) or {}
+        devices = _sequence((_mapping(member.get("announces")) or {}).get("devices"))
+        if member.get("node") and devices:
+            found[str(member["node"])] = ",".join(str(d) for d in devices)
+    return found
+
+
+def _shared(rows: list[StageRow]) -> tuple[StageRow, ...]:
+    """``rows`` with each one's share of the ring's step time, when every stage's latency is known."""
+    latencies = [row.load.step_ms for row in rows]
+    total = sum(ms for ms in latencies if ms is not None)
+    if not rows or any(ms is None for ms in latencies) or total <= 0:
+        return tuple(rows)
+    return tuple(replace(row, share=(row.load.step_ms or 0.0) / total) for row in rows)
 
 
 def _banner(plan: Mapping[str, Any], rows: Sequence[StageRow]) -> tuple[str, Severity, str]:
@@ -160,22 +264,39 @@ def _banner(plan: Mapping[str, Any], rows: Sequence[StageRow]) -> tuple[str, Sev
     return f"Ring ready: {count}", "ok", f"ring ready · {count}"
 
 
-def _stage_row(entry: Mapping[str, Any], states: Mapping[str, str]) -> StageRow | None:
-    if not isinstance(entry.get("stage"), int):
+def _stage_row(
+    entry: Mapping[str, Any], states: Mapping[str, str], loads: Mapping[str, StageLoad], devices: Mapping[str, str]
+) -> StageRow | None:
+    if not isinstance(entry.get("stage"), int) or isinstance(entry.get("stage"), bool):
         return None
     node = entry.get("node")
     holder = None
+    load = StageLoad()
     if node:
         state = str(entry.get("state") or "starting")
         if states.get(str(node)) in _GONE_MEMBER:
             state = "lost"  # it still announced its stage, but the fleet has not heard it since
+        else:
+            load = loads.get(str(node), load)  # a lost node's last figures are no longer true
+        if load.device is None and str(node) in devices:
+            load = replace(load, device=devices[str(node)])
         holder = Held(str(entry.get("name") or node), state, _percent(entry.get("progress")))
     standbys = tuple(
         Held(str(s.get("name") or s.get("node") or "?"), str(s.get("state") or "starting"), _percent(s.get("progress")))
         for s in (_mapping(x) for x in _sequence(entry.get("standbys")))
         if s is not None
     )
-    return StageRow(int(entry["stage"]), holder, standbys, str(entry.get("reason") or ""))
+    return StageRow(
+        int(entry["stage"]), holder, standbys, str(entry.get("reason") or ""), _layers(entry.get("layers")), load
+    )
+
+
+def _layers(value: object) -> tuple[int, int] | None:
+    span = _sequence(value)
+    if len(span) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in span):
+        return None
+    start, stop = span
+    return (start, stop) if 0 <= start < stop else None
 
 
 def _others(members: Mapping[str, Any] | None, plan: Mapping[str, Any], in_ring: set[str]) -> tuple[MemberRow, ...]:
@@ -233,6 +354,15 @@ def _model_name(model: str) -> str:
 
 def _percent(value: object) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(mapping: Mapping[str, Any] | None, key: str) -> float | None:
+    value = None if mapping is None else mapping.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _mapping(value: object) -> Mapping[str, Any] | None:

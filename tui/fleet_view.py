@@ -1,5 +1,6 @@
-"""The fleet: one row per stage of the plan (node, state with download %, standbys), a banner saying whether
-the ring can answer, and apart from them the members that serve no stage."""
+"""The fleet: one row per stage of the plan (node, its layers as a span bar over the model, device, state with
+download %, step latency, sessions, memory, share of the ring's time, standbys: as many as the width holds), a
+banner saying whether the ring can answer, and apart from them the members that serve no stage."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import DataTable, Label, Static
 
-from tui.fleet import WAITING, FleetReport, Health, Held
+from tui.fleet import UNKNOWN, WAITING, FleetReport, Health, Held, StageRow
+from tui.fleet_columns import FILLED, TableLayout, layout_for, row_cells
 
 _HEALTH_COLOUR = {"ok": "text-success", "busy": "text-warning", "bad": "text-error", "idle": ""}
 """Theme variables of each health: the table follows the light and dark themes."""
@@ -32,6 +34,8 @@ class FleetView(Vertical):
         """The table of stages (F2 focuses it)."""
         self._others_title = Label("Not in the ring", id="fleet-others-title")
         self._others: DataTable[Any] = DataTable(id="fleet-others", cursor_type="none")
+        self._layout: TableLayout | None = None
+        """The stage table's columns now (they change with the width: :func:`~tui.fleet_columns.layout_for`)."""
 
     def compose(self) -> ComposeResult:
         yield self._banner
@@ -41,7 +45,6 @@ class FleetView(Vertical):
         yield self._others
 
     def on_mount(self) -> None:
-        self.stages.add_columns("Stage", "Node", "State", "Standbys")
         self._others.add_columns("Node", "State", "Role", "Heard")
         # published once the new theme's variables are in place
         self.app.theme_changed_signal.subscribe(self, lambda _: self._show(self.report))
@@ -51,6 +54,10 @@ class FleetView(Vertical):
         if self.is_mounted:
             self._show(report)
 
+    def on_resize(self) -> None:
+        if layout_for(self.report, self.size.width) != self._layout:
+            self._show(self.report)
+
     def _show(self, report: FleetReport) -> None:
         banner = self._banner
         banner.update(report.banner)
@@ -59,19 +66,7 @@ class FleetView(Vertical):
         summary = self._summary
         summary.update(report.summary)
         summary.display = bool(report.summary)
-        stages = self.stages
-        stages.clear()
-        for row in report.stages:
-            held = [self._held(s, with_name=True) for s in row.standbys]
-            standbys = Text(", ", end="").join(held) if held else Text("none", end="")
-            stages.add_row(
-                str(row.stage),
-                row.holder.name if row.holder else Text("—", style=self._colour("bad"), end=""),
-                self._held(row.state, with_name=False),
-                standbys,
-                key=str(row.stage),
-            )
-        stages.display = bool(report.stages)
+        self._show_stages(report)
         others = self._others
         others.clear()
         for member in report.others:
@@ -80,6 +75,44 @@ class FleetView(Vertical):
             )
         others.display = bool(report.others)
         self._others_title.display = bool(report.others)
+
+    def _show_stages(self, report: FleetReport) -> None:
+        stages = self.stages
+        layout = layout_for(report, self.size.width)
+        if layout != self._layout:
+            # columns anew: a DataTable's column keeps the width of its widest cell so far, bars included
+            stages.clear(columns=True)
+            stages.add_columns(*layout.headers())
+        else:
+            stages.clear()
+        self._layout = layout
+        shares = [row.share for row in report.stages if row.share is not None]
+        widest = max(shares) if len(shares) > 1 else None  # one stage alone sets no pace worth marking
+        for row in report.stages:
+            texts = dict(zip(layout.keys, row_cells(row, report.layers, layout), strict=True))
+            stages.add_row(*(self._cell(key, text, row, widest) for key, text in texts.items()), key=str(row.stage))
+        stages.display = bool(report.stages)
+
+    def _cell(self, key: str, text: str, row: StageRow, widest: float | None) -> Text | str:
+        """A cell, coloured where colour tells something: health, the span, the stage that sets the pace."""
+        health = row.state.health
+        if key == "node" and row.holder is None:
+            return Text(text, style=self._colour("bad"), end="")
+        if key == "state":
+            return Text(text, style=self._colour(health), end="")
+        if key == "standbys":
+            held = [self._held(s, with_name=True) for s in row.standbys]
+            return Text(", ", end="").join(held) if held else Text("none", end="")
+        if key == "layers" and text != UNKNOWN:
+            cell = Text(text, end="")
+            colour = self._colour(health) or self.app.theme_variables.get("primary", "")
+            for i, char in enumerate(text):
+                if char == FILLED:
+                    cell.stylize(colour, i, i + 1)
+            return cell
+        if key == "share" and widest is not None and row.share == widest:
+            return Text(text, style="bold", end="")  # the slowest stage: the one to move or split first
+        return text
 
     def _held(self, held: Held, with_name: bool) -> Text:
         text = f"{held.name} ({held.text})" if with_name else held.text

@@ -7,10 +7,10 @@ from typing import ClassVar
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
 from agent.errors import ConfigError
+from tui.form_dialog import FormDialog
 from tui.generation import GenerationSettings
 
 _FIELDS = (
@@ -22,8 +22,10 @@ _FIELDS = (
 )
 
 
-class SettingsScreen(ModalScreen[GenerationSettings | None]):
+class SettingsScreen(FormDialog[GenerationSettings]):
     """Edits a copy of the settings; dismissed with the new settings (ctrl+s or Save) or None (Esc)."""
+
+    SAVE_BUTTON = "settings-save"
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel", id="settings.cancel"),
@@ -63,17 +65,3 @@ class SettingsScreen(ModalScreen[GenerationSettings | None]):
             self.query_one("#settings-error", Label).update(str(exc))
             return
         self.dismiss(settings)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.action_save()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        if event.button.id == "settings-save":
-            self.action_save()
-        else:
-            self.action_cancel()

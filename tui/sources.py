@@ -9,6 +9,10 @@ The app sees nothing else of the agent, so tests hand it fakes (and a fixed cloc
   command line as a ``connect`` function, so that this package never imports the agent's runtime) and dials
   again after a failure.
 
+- :class:`LinkPeerStatus` does the same for the plan's other agents (a link to each, dialled with this PC's
+  identity by a ``connect(address)`` of the command line): their own status holds what the local one cannot
+  know, each stage's step latency, sessions and memory.
+
 Failures arrive as :class:`~agent.errors.ShoalError`: a chat's as an ``error`` event, a status's raised.
 """
 
@@ -40,6 +44,15 @@ class ChatSource(Protocol):
 class StatusSource(Protocol):
     async def get(self) -> dict[str, Any]:
         """The local agent's status document now; raises :class:`ShoalError` when it cannot be had."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class PeerStatusSource(Protocol):
+    async def get(self, node: str, address: str) -> dict[str, Any]:
+        """The status document of the agent ``node`` (a node id) heard at ``address`` (``host:port``); raises
+        :class:`ShoalError` when it cannot be had."""
         ...
 
     async def close(self) -> None: ...
@@ -100,6 +113,30 @@ class LinkStatusSource:
         if link is not None:
             with contextlib.suppress(ShoalError, OSError):
                 await link.close()
+
+
+class LinkPeerStatus:
+    """The status of other agents, a :class:`LinkStatusSource` for each node (a node heard at a new address is
+    dialled there, its old link closed)."""
+
+    def __init__(self, connect: Callable[[str], Awaitable[StatusLinkLike]]) -> None:
+        """``connect(address)``: a status link to the agent at ``host:port``."""
+        self._connect = connect
+        self._links: dict[str, tuple[str, LinkStatusSource]] = {}
+
+    async def get(self, node: str, address: str) -> dict[str, Any]:
+        held = self._links.get(node)
+        if held is None or held[0] != address:
+            if held is not None:
+                await held[1].close()
+            held = (address, LinkStatusSource(lambda: self._connect(address)))
+            self._links[node] = held
+        return await held[1].get()
+
+    async def close(self) -> None:
+        links, self._links = self._links, {}
+        for _, source in links.values():
+            await source.close()
 
 
 class NoStatus:

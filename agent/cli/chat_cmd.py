@@ -2,8 +2,10 @@
 
 The chat goes to the agent's chat endpoint (``<data dir>/chat.json``, written by ``shoal agent ... --chat``);
 the fleet view polls the same agent's status over mutual TLS with this PC's node identity, found as
-``shoal status`` finds it. Without an identity the chat still works and the fleet view says what is missing.
-Textual is imported only when the command runs.
+``shoal status`` finds it, and the status of each agent serving a stage of the plan (its step latency, sessions
+and memory). Without an identity the chat still works and the fleet view says what is missing. Where this PC
+holds the fleet's CA key (``--fleet-dir``, default ``<data dir>/fleet``), the admin screen is there too
+(``agent.cli.chat_admin``). Textual is imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from agent.node.config import parse_address
 from agent.node.running import running_agent
 
 if TYPE_CHECKING:
-    from tui.sources import StatusSource
+    from tui.admin import AdminSource
+    from tui.sources import PeerStatusSource, StatusSource
 
 STATUS_TIMEOUT = 3.0
 """Seconds a status poll waits for the agent: a frozen agent shows as unreachable this soon."""
@@ -47,6 +50,13 @@ def add_chat_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--data-dir", type=Path, default=None, help="shoal's data folder (default: $SHOAL_DATA_DIR or the platform's)"
     )
     p.add_argument(
+        "--fleet-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the fleet folder with the CA key: its holder gets the admin screen (default: <data dir>/fleet)",
+    )
+    p.add_argument(
         "--conversations",
         type=Path,
         default=None,
@@ -57,10 +67,18 @@ def add_chat_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def run_chat(args: argparse.Namespace, data_dir: Path) -> int:
     data_dir = args.data_dir or data_dir
-    return open_chat(args.chat_file or data_dir / "chat.json", args.identity, data_dir, args.conversations)
+    return open_chat(
+        args.chat_file or data_dir / "chat.json", args.identity, data_dir, args.conversations, args.fleet_dir
+    )
 
 
-def open_chat(chat_file: Path, identity: str | None, data_dir: Path, conversations: Path | None = None) -> int:
+def open_chat(
+    chat_file: Path,
+    identity: str | None,
+    data_dir: Path,
+    conversations: Path | None = None,
+    fleet_dir: Path | None = None,
+) -> int:
     """Run the TUI on the agent whose chat endpoint file is ``chat_file`` until the user quits (``shoal chat``,
     and ``shoal demo`` in a terminal); returns the exit status."""
     ChatEndpoint.load(chat_file)  # no agent heads chats here: say so now, with what to start, not inside the UI
@@ -72,6 +90,8 @@ def open_chat(chat_file: Path, identity: str | None, data_dir: Path, conversatio
         EndpointChatSource(chat_file),
         status_source(identity, data_dir),
         ConversationStore(conversations or data_dir / "conversations.sqlite"),
+        peers=peer_source(identity, data_dir),
+        admin=admin_source(fleet_dir or data_dir / "fleet", identity, data_dir),
     )
     with _logging_to(data_dir / "chat.log"):
         app.run()
@@ -97,6 +117,36 @@ def status_source(identity: str | None, data_dir: Path) -> StatusSource:
         return await StatusLink.open(parse_address(address), node, timeout=STATUS_TIMEOUT)
 
     return LinkStatusSource(connect)
+
+
+def peer_source(identity: str | None, data_dir: Path) -> PeerStatusSource | None:
+    """The status of the plan's other agents, dialled with this PC's identity (None without one: the fleet view
+    then shows their figures as unknown)."""
+    from tui.sources import LinkPeerStatus
+
+    try:
+        node = NodeIdentity.load(identity_folder(identity, data_dir))
+    except FleetError:
+        return None
+
+    async def connect(address: str) -> StatusLink:
+        return await StatusLink.open(parse_address(address), node, timeout=STATUS_TIMEOUT)
+
+    return LinkPeerStatus(connect)
+
+
+def admin_source(fleet_dir: Path, identity: str | None, data_dir: Path) -> AdminSource | None:
+    """The admin screen's source where this PC holds the fleet key in ``fleet_dir``, else None (no admin screen).
+    Changes go to the agent running with this PC's identity, if it has one."""
+    from agent.cli.chat_admin import FleetAdmin, holds_fleet_key
+
+    if not holds_fleet_key(fleet_dir):
+        return None
+    try:
+        node: NodeIdentity | None = NodeIdentity.load(identity_folder(identity, data_dir))
+    except FleetError:
+        node = None
+    return FleetAdmin(fleet_dir, node)
 
 
 def identity_folder(identity: str | None, data_dir: Path) -> Path:

@@ -38,6 +38,12 @@ def measure_host(speed: bool = True) -> HostFacts:
     return HostFacts(devices, int(available * (1 - MEMORY_RESERVE)) // (1 << 20), gflops)
 
 
+def resident_mb() -> int:
+    """MiB of memory this process holds now (its resident set): what a stage's weights and sessions cost the PC,
+    for ``shoal status`` and the TUI's fleet view. A read of ``/proc`` or its equivalent, cheap enough per status."""
+    return int(psutil.Process().memory_info().rss) >> 20
+
+
 def matmul_gflops(size: int = SPEED_SIZE, seconds: float = SPEED_SECONDS) -> float:
     """GFLOP/s of repeated ``size``-square float32 matrix products for about ``seconds``."""
     rng = np.random.default_rng(0)

@@ -26,6 +26,7 @@ import numpy as np
 
 from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolError, ShoalError
 from agent.node.config import AgentConfig
+from agent.node.facts import resident_mb
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
@@ -563,6 +564,7 @@ class StageServer:
             "next_stage": None if self.successor is None else ("connected" if self.successor.connected else "down"),
             "heads": len(self.heads),
             "uptime_s": round(self._clock() - self._started, 3),
+            "memory_mb": resident_mb(),  # the whole agent process: its stages' weights, sessions and KV caches
             **{name: section() for name, section in self.status_sections.items()},
         }
 

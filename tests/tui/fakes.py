@@ -1,20 +1,33 @@
 """Fakes of the TUI's data sources and clock, and status documents shaped like a real agent's.
 
 The status documents copy what the head of an in-process fleet reported (``discovery/plan_service.py``'s
-``plan`` section, ``discovery/service.py``'s ``members``): three stages on alpha, beta and gamma, the user's
-PC (delta) heading chats and holding none.
+``plan`` section, ``discovery/service.py``'s ``members``): three stages on alpha, beta and gamma (layers 0-9,
+10-19, 20-29 of 30), the user's PC (delta) heading chats and holding none; and what each stage agent reports
+of itself (``agent/node/server.py``: device, step times, sessions, memory). :class:`FakeAdmin` is an admin
+source with fixed lists, for the screenshots.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent.chat.protocol import ChatEvent
-from agent.errors import PeerUnavailableError
+from agent.errors import FleetError, PeerUnavailableError
+from tui.admin import AdminOutcome, AdminOverview, EnrolledEntry, JoinInvite, PinEntry
 from tui.generation import GenerationSettings, Turn
+
+
+def run(main: Callable[[], Awaitable[None]], timeout: float = 120.0) -> None:
+    """Run a Pilot test's coroutine, failing it after ``timeout`` seconds rather than hanging the suite."""
+
+    async def bounded() -> None:
+        await asyncio.wait_for(main(), timeout)
+
+    asyncio.run(bounded())
 
 
 class FixedClock:
@@ -122,6 +135,7 @@ def _stage(stage: int, name: str | None, state: str, progress: int | None = None
         "stage": stage,
         "node": NODES[name] if name else None,
         "name": name,
+        "layers": [stage * 10, stage * 10 + 10],
         "state": "uncovered" if name is None else state,
         "progress": progress,
         "standbys": extra.get("standbys", []),
@@ -179,11 +193,113 @@ def fleet_status(*, stage0: str | None = "alpha", ready: bool = True, lost: str 
             "ready": ready and stage0 is not None and lost is None,
             "waiting": waiting,
             "bottleneck": 0.2,
+            "layers": 30,
             "stages": stages,
             "pins": [],
         },
         "ring": {"activity": "serving no stage (the plan needs no more PCs)", "held": None, "download": None},
     }
+
+
+def stage_status(
+    name: str, *, steps: int = 400, step_ms: float = 10.0, sessions: int = 2, parked: int = 1, memory_mb: int = 812
+) -> dict[str, Any]:
+    """What a stage agent reports of itself (``agent/node/server.py``): ``steps`` steps of ``step_ms`` each."""
+    stage = {"alpha": 0, "beta": 1, "gamma": 2}.get(name, 0)
+    return {
+        "node": name,
+        "layers": [stage * 10, stage * 10 + 10],
+        "stages": [stage],
+        "device": "CPU",
+        "sessions": [f"{i + 1:016x}" for i in range(sessions)],
+        "parked": parked,
+        "evicted": 0,
+        "max_sessions": 8,
+        "steps_served": steps,
+        "step_seconds": {"le": [0.01, 0.1], "counts": [steps, steps], "count": steps, "sum": steps * step_ms / 1000},
+        "memory_mb": memory_mb,
+    }
+
+
+def peer_statuses() -> dict[str, dict[str, Any]]:
+    """The three stage agents of :func:`fleet_status`, by node id: beta the slowest."""
+    return {
+        NODES["alpha"]: stage_status("alpha", step_ms=8.0, sessions=2, parked=1, memory_mb=812),
+        NODES["beta"]: stage_status("beta", step_ms=24.0, sessions=2, parked=1, memory_mb=1630),
+        NODES["gamma"]: stage_status("gamma", step_ms=8.0, sessions=3, parked=0, memory_mb=790),
+    }
+
+
+class FakePeers:
+    """Answers a poll of a node with ``documents[node]``, or raises for a node in ``failing`` or not known."""
+
+    def __init__(self, documents: dict[str, dict[str, Any]] | None = None) -> None:
+        self.documents = documents if documents is not None else peer_statuses()
+        self.failing: set[str] = set()
+        self.asked: list[tuple[str, str]] = []
+        self.closed = False
+
+    async def get(self, node: str, address: str) -> dict[str, Any]:
+        self.asked.append((node, address))
+        if node in self.failing or node not in self.documents:
+            raise PeerUnavailableError(f"cannot reach {address}")
+        return copy.deepcopy(self.documents[node])
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeAdmin:
+    """An admin source with fixed lists that does what it is asked to in memory (the screenshots' data)."""
+
+    def __init__(self) -> None:
+        self.version = 3
+        self.pins = [PinEntry("beta", 1, True)]
+        self.nodes = [
+            EnrolledEntry(name, NODES[name], "sha256:" + "ab" * 32, "2026-11-30 09:1" + str(i), how, False)
+            for i, (name, how) in enumerate(
+                [("alpha", "issued"), ("beta", "issued"), ("gamma", "token k3x9pa"), ("epsilon", "token 7hq2md")]
+            )
+        ]
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def overview(self) -> AdminOverview:
+        return AdminOverview(
+            "/home/ada/.local/share/shoal/fleet",
+            self.version,
+            "/exports/smollm2-3stage",
+            tuple(self.pins),
+            tuple(self.nodes),
+        )
+
+    async def pin(self, node: str, stage: int, prefer: bool) -> AdminOutcome:
+        self.calls.append(("pin", node, stage, prefer))
+        self.pins = [p for p in self.pins if p.node != node and p.stage != stage] + [PinEntry(node, stage, not prefer)]
+        self.version += 1
+        return AdminOutcome(f"pinned stage {stage} to {node}: version {self.version}")
+
+    async def unpin(self, node: str) -> AdminOutcome:
+        self.calls.append(("unpin", node))
+        if not any(p.node == node for p in self.pins):
+            raise FleetError(f"{node} has no pin in fleet document version {self.version}")
+        self.pins = [p for p in self.pins if p.node != node]
+        self.version += 1
+        return AdminOutcome(f"unpinned {node}: version {self.version}")
+
+    async def token(self) -> JoinInvite:
+        self.calls.append(("token",))
+        return JoinInvite(
+            "shoal join k3x9pa.0123456789abcdef0123456789abcdef.fedcba98@10.0.0.5:7300",
+            "k3x9pa",
+            "2026-12-04 09:00",
+            1,
+            "It is redeemed while `shoal fleet serve-enrollment --listen 10.0.0.5:7300` runs on this PC.",
+        )
+
+    async def revoke(self, node: str) -> AdminOutcome:
+        self.calls.append(("revoke", node))
+        self.nodes = [n if node not in (n.name, n.node_id) else replace(n, revoked=True) for n in self.nodes]
+        return AdminOutcome(f"revoked {node}: revocation list version 1; no agent runs on this PC", "warning")
 
 
 async def until(pilot: Any, condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:

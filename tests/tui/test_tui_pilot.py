@@ -5,7 +5,6 @@ and an unreachable or frozen agent leaves the app answering keys."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from textual.command import CommandList
 from textual.widgets import DataTable, Input, Label, Markdown
 
 from agent.chat.protocol import ChatEvent
-from tests.tui.fakes import FakeChat, FakeStatus, FixedClock, fleet_status, tokens, until
+from tests.tui.fakes import NODES, FakeChat, FakePeers, FakeStatus, FixedClock, fleet_status, run, tokens, until
 from tui.app import ChatApp
 from tui.conversation import ConversationView
 from tui.fleet_view import FleetView
@@ -28,19 +27,16 @@ pytestmark = pytest.mark.tui
 SIZE = (80, 24)
 
 
-def run(main: Callable[[], Awaitable[None]], timeout: float = 120.0) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(main(), timeout)
-
-    asyncio.run(bounded())
-
-
 def make_app(
-    tmp_path: Path, chat: FakeChat, status: FakeStatus | None = None, clock: FixedClock | None = None
+    tmp_path: Path,
+    chat: FakeChat,
+    status: FakeStatus | None = None,
+    clock: FixedClock | None = None,
+    peers: FakePeers | None = None,
 ) -> ChatApp:
     clock = clock or FixedClock()
     store = ConversationStore(tmp_path / "conversations.sqlite", clock)
-    return ChatApp(chat, status or FakeStatus(fleet_status()), store, clock=clock, poll_seconds=0.05)
+    return ChatApp(chat, status or FakeStatus(fleet_status()), store, clock=clock, poll_seconds=0.05, peers=peers)
 
 
 def answers(app: ChatApp) -> list[str]:
@@ -49,6 +45,12 @@ def answers(app: ChatApp) -> list[str]:
 
 def notes(app: ChatApp) -> list[str]:
     return [str(m.note) for m in app.query_one(ConversationView).messages if m.role == "assistant"]
+
+
+def table_rows(table: DataTable[Any]) -> list[dict[str, str]]:
+    """Each row of ``table`` as its cells' text by column header."""
+    headers = [str(column.label) for column in table.columns.values()]
+    return [dict(zip(headers, map(str, table.get_row_at(i)), strict=True)) for i in range(table.row_count)]
 
 
 async def type_prompt(pilot: Any, text: str) -> None:
@@ -277,12 +279,19 @@ def test_the_fleet_table_fills_from_the_status_and_an_uncovered_stage_shows_a_ba
             assert banner.display and banner.region.width > 0  # shown: the fleet page replaced the chat
             assert str(banner.render()) == "Stage 0 is uncovered: every member that can hold it serves another stage"
             table = app.query_one("#fleet-stages", DataTable)
-            rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
-            assert rows == [
-                ["0", "—", "uncovered", "none"],
-                ["1", "beta", "ready", "epsilon (downloading 40 %)"],
-                ["2", "gamma", "ready", "none"],
+            rows = [[row[k] for k in ("Stage", "Node", "State")] for row in table_rows(table)]
+            assert rows == [["0", "—", "uncovered"], ["1", "beta", "ready"], ["2", "gamma", "ready"]]
+            # each stage's third of the model's 30 layers, drawn as the same third of its span bar
+            bars = [row["Layers"] for row in table_rows(table)]
+            third = len(bars[0]) // 3
+            assert bars == [
+                "█" * third + "░" * 2 * third,
+                "░" * third + "█" * third + "░" * third,
+                "░" * 2 * third + "█" * third,
             ]
+            # no stage agent was asked (no peer source): their own figures are unknown, the announced device is not
+            assert {row["Step"] for row in table_rows(table)} == {"—"}
+            assert [row["Device"] for row in table_rows(table)] == ["—", "CPU", "CPU"]
             others = app.query_one("#fleet-others", DataTable)
             assert [str(others.get_row_at(i)[0]) for i in range(others.row_count)] == ["epsilon", "alpha"]
             assert app.query_one(StatusLine).fleet == ("stage 0 uncovered", "error")
@@ -292,15 +301,62 @@ def test_the_fleet_table_fills_from_the_status_and_an_uncovered_stage_shows_a_ba
             assert str(table.get_row_at(0)[1]) == "alpha"
             assert str(banner.render()) == "Ring ready: 3 stages"
             # the table's colours follow the theme
-            dark = table.get_row_at(0)[2].style
+            state = [str(column.label) for column in table.columns.values()].index("State")
+            dark = table.get_row_at(0)[state].style
             app.theme = "textual-light"
             await pilot.pause()
-            light = table.get_row_at(0)[2].style
+            light = table.get_row_at(0)[state].style
             assert light == app.theme_variables["text-success"] and light != dark
             await pilot.press("f2")
             assert app.query_one(PromptInput).has_focus  # back to the chat
 
     run(main)
+
+
+def test_the_fleet_reads_each_stage_agent_and_one_gone_or_frozen_shows_unknown_without_freezing_the_app(
+    tmp_path: Path,
+) -> None:
+    class SomeFrozen(FakePeers):
+        frozen: frozenset[str] = frozenset()
+
+        async def get(self, node: str, address: str) -> dict[str, Any]:
+            if node in self.frozen:
+                self.asked.append((node, address))
+                await asyncio.Event().wait()  # an agent that took the link and never answers
+            return await super().get(node, address)
+
+    status = FakeStatus(fleet_status())
+    peers = SomeFrozen()
+
+    async def main() -> None:
+        app = make_app(tmp_path, FakeChat(), status, peers=peers)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("f2")
+            table = app.fleet_view.stages
+            await until(pilot, lambda: table_rows(table)[1]["Step"] == "24.0 ms", "beta's own figures")
+            assert [row["Share"] for row in table_rows(table)] == ["20 %", "60 %", "20 %"]
+            assert table_rows(table)[1]["Sessions"] == "2, 1 parked" and table_rows(table)[1]["Memory"] == "1.6 GiB"
+            assert {node for node, _ in peers.asked} == {NODES["alpha"], NODES["beta"], NODES["gamma"]}
+            assert (NODES["beta"], "127.0.0.1:44004") in peers.asked  # at the address the members section gives
+            # beta's agent stops answering: its figures go unknown, and so do the shares
+            peers.failing = {NODES["beta"]}
+            await until(pilot, lambda: table_rows(table)[1]["Step"] == "—", "beta's figures unknown")
+            assert [row["Share"] for row in table_rows(table)] == ["—", "—", "—"]
+            assert table_rows(table)[0]["Step"] == "8.0 ms"
+            # gamma's freezes: the others' figures and the local status go on, keys are answered
+            peers.failing = set()
+            peers.frozen = frozenset({NODES["gamma"]})
+            await until(pilot, lambda: any(n == NODES["gamma"] for n, _ in peers.asked[-3:]), "gamma asked")
+            peers.documents[NODES["alpha"]]["step_seconds"]["sum"] *= 2
+            await until(pilot, lambda: table_rows(table)[0]["Step"] == "16.0 ms", "alpha's figures, still polled")
+            status.document = fleet_status(lost="beta")
+            await until(pilot, lambda: app.fleet.stages[1].state.state == "lost", "beta lost, from the local status")
+            await pilot.press("f2")
+            await type_prompt(pilot, "ok")
+            assert app.query_one(PromptInput).text == "ok"
+
+    run(main)
+    assert peers.closed
 
 
 def test_an_unreachable_agent_shows_as_such_while_the_app_keeps_answering(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """The TUI against a real fleet: four agents in this process over mutual TLS with the int4 3-stage SmolLM2
 export (real OpenVINO). Three hold the stages the plan gives them; the fourth, the user's PC, holds none and
 heads the chat. The app polls the head's real status (the stage table fills in as the ring forms) and streams
-a greedy answer through the head's chat endpoint: its text is exactly what ``agent.chat.client.ask`` gives."""
+a greedy answer through the head's chat endpoint: its text is exactly what ``agent.chat.client.ask`` gives.
+It also reads each stage agent's own status, as ``shoal chat`` does: every row gets its layers from the plan,
+and its step latency, sessions and memory from the agent serving it."""
 
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
 from agent.cli.status_cmd import StatusLink
 from agent.fleet import NodeIdentity, init_fleet, issue_node
+from agent.node.config import parse_address
 from discovery.fleet_document import ModelSource, serving
 from tests.integration.test_self_forming import agent, plan_of, push
 from tests.tui.fakes import until
 from tui.app import ChatApp
 from tui.generation import GenerationSettings
-from tui.sources import EndpointChatSource, LinkStatusSource
+from tui.sources import EndpointChatSource, LinkPeerStatus, LinkStatusSource
 from tui.store import ConversationStore
 
 pytestmark = [pytest.mark.tui, pytest.mark.ring, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -56,11 +59,15 @@ def test_the_tui_shows_the_ring_forming_and_streams_the_same_text_as_ask(
             async def connect() -> StatusLink:
                 return await StatusLink.open(ring, ids["pc"], timeout=3.0)
 
+            async def connect_peer(address: str) -> StatusLink:
+                return await StatusLink.open(parse_address(address), ids["pc"], timeout=3.0)
+
             app = ChatApp(
                 EndpointChatSource(chat_file),
                 LinkStatusSource(connect),
                 ConversationStore(tmp_path / "conversations.sqlite"),
                 poll_seconds=0.2,
+                peers=LinkPeerStatus(connect_peer),
             )
             async with app.run_test(size=(80, 24)) as pilot:
                 await until(pilot, lambda: app.fleet.reachable, "the head's first status", timeout=20)
@@ -90,6 +97,19 @@ def test_the_tui_shows_the_ring_forming_and_streams_the_same_text_as_ask(
                 shown = app.conversation.messages[-1]
                 streamed = app.thread.history[-1][1]
                 assert "tok/s" in str(shown.note) and "first token" in str(shown.note), shown.note
+                # each stage's own figures, from the agent serving it: the answer's steps were timed there
+                await until(
+                    pilot,
+                    lambda: all(r.load.step_ms and r.share is not None for r in app.fleet.stages),
+                    "every stage's step latency",
+                    timeout=20,
+                )
+                rows = app.fleet.stages
+                spans = [r.layers for r in rows]
+                assert app.fleet.layers == 30 and spans[0] is not None and spans[-1] is not None, spans
+                assert spans[0][0] == 0 and spans[-1][1] == 30, spans  # the plan's stages cover the model
+                assert all(r.load.device == "CPU" and (r.load.memory_mb or 0) > 0 for r in rows), rows
+                assert sum(r.share or 0 for r in rows) == pytest.approx(1.0)
 
             endpoint = ChatEndpoint.load(chat_file)
             request = ChatRequest(token=endpoint.token, messages=(("user", PROMPT),), max_tokens=MAX_TOKENS)

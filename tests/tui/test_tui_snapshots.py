@@ -1,4 +1,5 @@
-"""SVG snapshots of the chat and the fleet at 80×24 and 160×48, with fixed data and a fixed clock.
+"""SVG snapshots of the chat, the fleet and the admin screen at 80×24 and 160×48, with fixed data and a fixed
+clock.
 
 The snapshots live in ``__snapshots__/`` beside this file; after a deliberate change of the look, run
 ``pytest tests/tui/test_tui_snapshots.py --snapshot-update`` and review the new SVGs (the failure report,
@@ -11,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.tui.fakes import FakeChat, FakeStatus, FixedClock, fleet_status, tokens, until
+from tests.tui.fakes import FakeAdmin, FakeChat, FakePeers, FakeStatus, FixedClock, fleet_status, tokens, until
+from tui.admin_screen import AdminScreen
 from tui.app import ChatApp
 from tui.store import ConversationStore
 
@@ -28,11 +30,13 @@ ANSWER = [
 ]
 
 
-def app_with(tmp_path: Path, status: dict[str, Any]) -> ChatApp:
+def app_with(
+    tmp_path: Path, status: dict[str, Any], peers: FakePeers | None = None, admin: FakeAdmin | None = None
+) -> ChatApp:
     clock = FixedClock()
     chat = FakeChat(tokens(*ANSWER, tokens=7, seconds=0.2, drafted=6, accepted=4))
     store = ConversationStore(tmp_path / "conversations.sqlite", clock)
-    return ChatApp(chat, FakeStatus(status), store, clock=clock, poll_seconds=0.05)
+    return ChatApp(chat, FakeStatus(status), store, clock=clock, poll_seconds=0.05, peers=peers, admin=admin)
 
 
 def answered(*keys: str) -> Any:
@@ -65,3 +69,31 @@ def test_the_chat(snap_compare: Any, tmp_path: Path, size: tuple[int, int]) -> N
 def test_the_fleet_with_an_uncovered_stage(snap_compare: Any, tmp_path: Path, size: tuple[int, int]) -> None:
     app = app_with(tmp_path, fleet_status(stage0=None))
     assert snap_compare(app, terminal_size=size, run_before=answered("f2"))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_the_fleet_with_each_stages_own_figures(snap_compare: Any, tmp_path: Path, size: tuple[int, int]) -> None:
+    app = app_with(tmp_path, fleet_status(), FakePeers())
+
+    async def run_before(pilot: Any) -> None:
+        await until(pilot, lambda: all(row.load.step_ms for row in app.fleet.stages), "the stage agents' figures")
+        await answered("f2")(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_the_admin_screen_with_a_join_token(snap_compare: Any, tmp_path: Path, size: tuple[int, int]) -> None:
+    app = app_with(tmp_path, fleet_status(), admin=FakeAdmin())
+
+    async def run_before(pilot: Any) -> None:
+        await answered()(pilot)  # behind the dialog, the same chat as in the others (the plot drawn once at least)
+        await pilot.press("f3")
+        await until(pilot, lambda: isinstance(app.screen, AdminScreen) and app.screen.overview is not None, "lists")
+        await pilot.press("t")
+        await until(pilot, lambda: getattr(app.screen, "invite", None) is not None, "the join token")
+        app.clear_notifications()
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

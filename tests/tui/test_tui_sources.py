@@ -11,11 +11,11 @@ import pytest
 
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatEvent, ChatRequest
-from agent.cli.chat_cmd import identity_folder, status_source
+from agent.cli.chat_cmd import identity_folder, peer_source, status_source
 from agent.cli.main import main
 from agent.errors import FleetError, PeerUnavailableError
 from tui.generation import GenerationSettings
-from tui.sources import EndpointChatSource, LinkStatusSource
+from tui.sources import EndpointChatSource, LinkPeerStatus, LinkStatusSource
 
 pytestmark = pytest.mark.tui
 
@@ -128,3 +128,34 @@ def test_the_chat_command_says_what_to_start_and_finds_an_identity_by_name(
     source = status_source("pc7", tmp_path)  # a folder without a certificate: the chat works, the fleet says why
     with pytest.raises(PeerUnavailableError, match="the fleet cannot be shown"):
         asyncio.run(source.get())
+    assert peer_source("pc7", tmp_path) is None  # no identity to dial the stage agents with: their figures are unknown
+
+
+def test_the_peer_source_keeps_a_link_per_node_and_dials_a_node_again_at_its_new_address() -> None:
+    dialled: list[tuple[str, FakeLink]] = []
+
+    async def connect(address: str) -> FakeLink:
+        if address.endswith(":9"):
+            raise PeerUnavailableError(f"cannot reach {address}")
+        dialled.append((address, FakeLink(fail=False)))
+        return dialled[-1][1]
+
+    async def main_() -> None:
+        source = LinkPeerStatus(connect)
+        assert await source.get("n1", "10.0.0.1:7100") == {"node": "pc"}
+        assert await source.get("n2", "10.0.0.2:7100") == {"node": "pc"}
+        assert await source.get("n1", "10.0.0.1:7100") == {"node": "pc"}
+        assert [a for a, _ in dialled] == ["10.0.0.1:7100", "10.0.0.2:7100"]  # one link each, kept
+        # n1 restarted on another port: its old link is closed and the new address dialled
+        assert await source.get("n1", "10.0.0.1:7200") == {"node": "pc"}
+        assert dialled[0][1].closed and [a for a, _ in dialled][-1] == "10.0.0.1:7200"
+        with pytest.raises(PeerUnavailableError, match=r"cannot reach 10\.0\.0\.3:9"):
+            await source.get("n3", "10.0.0.3:9")
+        dialled[1][1].fail = True
+        with pytest.raises(PeerUnavailableError, match="connection reset"):
+            await source.get("n2", "10.0.0.2:7100")
+        assert dialled[1][1].closed
+        await source.close()
+        assert all(link.closed for _, link in dialled)
+
+    asyncio.run(main_())

@@ -11,9 +11,10 @@ import pytest
 
 from agent.chat.protocol import ChatEvent
 from agent.errors import ConfigError
-from tests.tui.fakes import FixedClock, fleet_status
+from tests.tui.fakes import NODES, FixedClock, fleet_status, peer_statuses, stage_status
 from tui.answer import AnswerTally, stats_line
-from tui.fleet import fleet_report, unreachable
+from tui.fleet import StageLoad, fleet_report, peer_addresses, stage_load, unreachable
+from tui.fleet_columns import BAR_MAX, COLUMNS, layout_for, row_cells, span_bar, table_width
 from tui.generation import GenerationSettings
 from tui.store import ConversationStore, title_of
 from tui.throughput import RateHistory
@@ -59,6 +60,89 @@ def test_odd_or_missing_sections_never_raise() -> None:
     garbage = fleet_report({"plan": {"model": "m", "hash": "h", "stages": [1, {"stage": "x"}, None]}, "members": 3})
     assert garbage.stages == () and garbage.others == ()
     assert unreachable("refused").banner == "Agent unreachable: refused"
+
+
+def test_each_stage_shows_its_own_agents_figures_and_its_share_of_the_rings_time() -> None:
+    report = fleet_report(fleet_status(), peer_statuses())
+    assert report.layers == 30 and [row.layers for row in report.stages] == [(0, 10), (10, 20), (20, 30)]
+    assert [row.load for row in report.stages] == [
+        StageLoad("CPU", 8.0, 2, 1, 812),
+        StageLoad("CPU", 24.0, 2, 1, 1630),
+        StageLoad("CPU", 8.0, 3, 0, 790),
+    ]
+    assert [row.share for row in report.stages] == [0.2, 0.6, 0.2]  # beta sets the pace
+    # beside the documents of the poll before, the latency is the recent steps': 100 steps of 20 ms since
+    now = peer_statuses()
+    now[NODES["alpha"]] = stage_status("alpha", steps=500, step_ms=(400 * 8.0 + 100 * 20.0) / 500)
+    recent = fleet_report(fleet_status(), now, peer_statuses())
+    assert recent.stages[0].load.step_ms == pytest.approx(20.0)
+    # one agent unheard from: its figures are unknown, and no share is made up from the others
+    partial = fleet_report(fleet_status(), {k: v for k, v in peer_statuses().items() if k != NODES["gamma"]})
+    assert partial.stages[2].load == StageLoad(device="CPU")  # the device its announcement names
+    assert [row.share for row in partial.stages] == [None, None, None]
+    # a stage lost meanwhile: its last figures are no longer true
+    lost = fleet_report(fleet_status(lost="beta"), peer_statuses())
+    assert lost.stages[1].state.state == "lost" and lost.stages[1].load.step_ms is None
+
+
+def test_the_head_holding_a_stage_reads_its_figures_from_its_own_status() -> None:
+    status = fleet_status()
+    status["members"]["node"] = NODES["alpha"]  # this PC is alpha: no status to ask for, its own has them
+    status["members"]["members"] = [m for m in status["members"]["members"] if m["name"] != "alpha"]
+    status.update(stage_status("alpha", step_ms=5.0, memory_mb=700))
+    report = fleet_report(status, {NODES["beta"]: stage_status("beta", step_ms=15.0)})
+    assert [row.load.step_ms for row in report.stages] == [5.0, 15.0, None]
+    assert report.stages[0].load.memory_mb == 700
+    assert NODES["alpha"] not in peer_addresses(status)
+
+
+def test_the_agents_to_ask_are_the_plans_nodes_that_are_members() -> None:
+    addresses = peer_addresses(fleet_status(lost="gamma"))
+    assert addresses == {NODES["alpha"]: "127.0.0.1:44005", NODES["beta"]: "127.0.0.1:44004"}
+    assert peer_addresses({"stages": [0]}) == {} and peer_addresses({"plan": {}, "members": {"members": 7}}) == {}
+
+
+def test_odd_stage_agent_documents_never_raise_and_show_as_unknown() -> None:
+    assert stage_load(None) == StageLoad()
+    odd = {"device": 3, "sessions": "two", "parked": -1, "memory_mb": True, "step_seconds": {"count": "x", "sum": 1}}
+    assert stage_load(odd) == StageLoad()
+    assert stage_load({"step_seconds": {"count": 0, "sum": 0.0}}).step_ms is None
+    # a restarted agent counts from zero again: the lifetime mean, not a negative difference
+    assert stage_load(stage_status("a", steps=10, step_ms=3.0), stage_status("a", steps=900)).step_ms == 3.0
+    status = fleet_status()
+    status["plan"]["layers"] = "thirty"
+    status["plan"]["stages"][0]["layers"] = [10, 5]
+    report = fleet_report(status, {NODES["alpha"]: [], NODES["beta"]: {"step_seconds": None}})  # type: ignore[dict-item]
+    assert report.layers is None and report.stages[0].layers is None
+    layouts = [layout_for(report, width) for width in (0, 10, 80, 200)]
+    cells = dict(zip(layouts[-1].keys, row_cells(report.stages[0], report.layers, layouts[-1]), strict=True))
+    assert cells["layers"] == cells["step"] == cells["memory"] == cells["share"] == "—"
+    assert cells["device"] == "CPU"  # alpha's status was no document: what it announces stands in
+
+
+def test_a_span_bar_fills_the_stages_part_of_the_model() -> None:
+    assert span_bar((0, 10), 30, 9) == "███░░░░░░"
+    assert span_bar((10, 20), 30, 9) == "░░░███░░░"
+    assert span_bar((29, 30), 30, 15) == "░░░░░░░░░░░░░░█"
+    assert span_bar((50, 51), 100, 8) == "░░░░█░░░"  # one layer of a hundred still shows
+    assert span_bar(None, 30, 9) is None and span_bar((0, 10), None, 9) is None
+    assert span_bar((0, 40), 30, 9) is None and span_bar((5, 5), 30, 9) is None
+
+
+def test_the_stage_table_keeps_what_fits_and_gives_the_rest_to_the_bars() -> None:
+    report = fleet_report(fleet_status(), peer_statuses())
+    wide = layout_for(report, 200)
+    assert wide.keys == tuple(c.key for c in COLUMNS) and wide.ranges and wide.bar == BAR_MAX
+    assert layout_for(report, 125).bar == 21  # what is left over, in a count where the three stages are equal
+    at_80 = layout_for(report, 78)  # the F2 page of an 80-column terminal
+    assert at_80.headers() == ("Stage", "Node", "Layers", "Device", "State", "Step", "Sessions", "Memory", "Share")
+    assert not at_80.ranges and at_80.bar == 9
+    compact = layout_for(report, 60)
+    assert compact.compact and compact.headers()[:3] == ("#", "Node", "Layers")
+    assert row_cells(report.stages[1], report.layers, compact)[-3:] == ("2/1", "1.6G", "60 %")
+    assert layout_for(report, 20).keys == ("stage", "node", "state")
+    for width in range(17, 201):
+        assert table_width(report, layout_for(report, width)) <= width, width
 
 
 def test_settings_are_checked_and_parsed_from_the_dialogs_text() -> None:
