@@ -62,9 +62,7 @@ def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
             from agent.cli.chat_cmd import open_chat
 
             # the TUI heads the chats of the first agent, the PC the user sits at; quitting it ends the demo
-            return open_chat(
-                chat_file, str(identities[0]), data_dir, data_dir / "demo-conversations.sqlite", fleet_dir
-            )
+            return open_chat(chat_file, str(identities[0]), data_dir, data_dir / "demo-conversations.sqlite", fleet_dir)
         endpoint = ChatEndpoint.load(chat_file)
         print(f"asking the first agent (chat endpoint {endpoint.host}:{endpoint.port}) ...", file=sys.stderr)
         request = ChatRequest(token=endpoint.token, messages=(("user", args.prompt),), max_tokens=args.max_tokens)
