@@ -4,9 +4,18 @@ Run from a checkout with the ``[bench]`` extra: ``python -m bench ring|chat|shar
 beside ``tests/``, not part of what a donor PC installs.
 """
 
+import argparse
+from pathlib import Path
+
 from agent.errors import BenchError
 
 __all__ = ["BenchError"]
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json`` (the report as one JSON object on stdout) and ``--markdown FILE`` (its section appended there)."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
 
 
 def select_configs(selected: str | None, known: tuple[str, ...]) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from agent.cli.main import configure_logging, default_cache_dir, run_reporting_errors
+from bench import add_report_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,8 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default="smollm2", help="SOURCE to benchmark (default smollm2)")
     b.add_argument("--runs", type=int, default=5)
     b.add_argument("--tokens", type=int, default=128)
-    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
+    add_report_arguments(b)
     b.add_argument("--configs", default=None, help="comma-separated subset of mono,1-stage,2-stage,3-stage")
     b.add_argument("--core", type=int, default=None, help="CPU core every run is pinned to (default: the last)")
     b.add_argument("--prompt", default=None, help="user message (default: a fixed coding question)")
@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.tui_bench import add_arguments as add_tui_arguments
 
     add_tui_arguments(b)
+    b = bench.add_parser(
+        "prefill", help="time to the first token of long prompts: shoal (1 stage, rings) vs openvino_genai and torch"
+    )
+    from bench.prefill_bench import add_arguments as add_prefill_arguments
+
+    add_prefill_arguments(b)
     return parser
 
 
@@ -104,6 +110,10 @@ def _run_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         from bench.tui_bench import run_tui_bench
 
         return run_tui_bench(args, cache_dir)
+    if args.bench == "prefill":
+        from bench.prefill_bench import run_bench_prefill
+
+        return run_bench_prefill(args, cache_dir)
     if args.bench == "chat":
         from bench.chat_bench import run_bench_chat
 

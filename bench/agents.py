@@ -9,8 +9,10 @@ launcher (:func:`agent.node.launcher.launch_agent`) with one inference thread ea
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.cli.common import core_list
@@ -115,3 +117,72 @@ def cpu_seconds(agent: LocalAgent) -> float:
     except psutil.Error:
         return 0.0
     return float(times.user + times.system)
+
+
+def bench_dirs(cache_dir: Path, logs: str) -> tuple[Path, Path]:
+    """The benchmarks' fleet (its CA made on first use; every agent's identity is issued from it) and a new
+    timestamped folder for this run's logs under ``CACHE/bench/LOGS``."""
+    from agent.fleet import init_fleet
+
+    bench_dir = cache_dir / "bench"
+    fleet_dir = bench_dir / "ring-fleet"
+    if not (fleet_dir / "ca.pem").is_file():
+        init_fleet(fleet_dir, name="shoal-bench", force=True)
+    log_dir = bench_dir / logs / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return fleet_dir, log_dir
+
+
+def start_chat_ring(
+    export: Path,
+    stages: int,
+    cores: PinnedCores,
+    fleet_dir: Path,
+    cache_dir: Path,
+    log_dir: Path,
+    heads: Mapping[str, Sequence[str]],
+    extra: Sequence[str] = (),
+) -> tuple[list[LocalAgent], dict[str, Path]]:
+    """A ring of ``stages`` on this machine: the agents of stages 1 and up (last first, each told the next one's
+    address) on their cores, then for each name in ``heads`` an agent of stage 0 on the head core that heads chats,
+    with the further flags ``heads[name]``. ``extra``: flags of every agent. Returns the agents (stage 1 first, the
+    chat agents last) and each chat agent's endpoint file; if one fails to start, those started are stopped."""
+    from agent.fleet import issue_node
+
+    agents: list[LocalAgent] = []
+    endpoints: dict[str, Path] = {}
+    address: tuple[str, int] | None = None
+    try:
+        for index in range(stages - 1, 0, -1):
+            identity = issue_node(fleet_dir, f"stage-{index}")
+            core = cores.agent_core(index)
+            print(f"bench: starting the agent of stage {index} on core {core}", file=sys.stderr, flush=True)
+            agent = start_agent(
+                export, index, identity.cert.parent, core, cache_dir, log_dir / f"agent{index}.log", address, extra
+            )
+            agents.insert(0, agent)
+            address = agent.address
+        assert address is not None, "a ring has at least 2 stages"
+        last = agents[-1].address
+        for name, flags in heads.items():
+            identity = issue_node(fleet_dir, f"chat-{name}")
+            endpoints[name] = log_dir / f"chat-{name}.json"
+            print(f"bench: starting the chat agent {name} on core {cores.head_core}", file=sys.stderr, flush=True)
+            chat = ["--chat", "127.0.0.1:0", "--chat-file", str(endpoints[name]), "--ring-last", f"{last[0]}:{last[1]}"]
+            agents.append(
+                start_agent(
+                    export,
+                    0,
+                    identity.cert.parent,
+                    cores.head_core,
+                    cache_dir,
+                    log_dir / f"chat-{name}.log",
+                    address,
+                    [*chat, *extra, *flags],
+                )
+            )
+    except BaseException:
+        for agent in agents:
+            agent.stop(timeout=30)
+        raise
+    return agents, endpoints

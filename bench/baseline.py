@@ -4,7 +4,8 @@ The baseline is what a user would run instead of shoal: ``openvino_genai.LLMPipe
 same checkpoint exported whole by optimum-intel, with the compression shoal applies per stage
 (``--weight-format int4 --sym --group-size 128 --ratio 1.0 --group-size-fallback adjust``).
 optimum-intel reads Hugging Face folders only, so a GGUF checkpoint is first dequantized into one
-(float32 safetensors and tokenizer); that folder is deleted once the OpenVINO export is in place.
+(float32 safetensors and tokenizer); that folder is deleted once the OpenVINO export is in place, unless a
+benchmark keeps it (:func:`hf_folder`: ``python -m bench prefill`` runs transformers on it).
 
 Every export runs in a child process of its own (through :mod:`bench.peak`), so this
 process stays small and each step's peak resident memory is recorded: the figures that
@@ -15,6 +16,7 @@ docs/benchmarks.md compares for whole-model and per-stage exports.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -109,68 +112,111 @@ def shoal_export(
     return PreparedExport(path=out, reused=reused, steps={} if reused else {"shoal-export": measured})
 
 
-def optimum_export(source: str, out: Path, cache_dir: Path) -> PreparedExport:
-    """The whole-model optimum-intel int4 export of ``source`` in ``out`` (reused when up to date)."""
+def hf_folder(source: str, out: Path, cache_dir: Path) -> PreparedExport:
+    """``source`` as a Hugging Face folder, what transformers and optimum-intel read: a model folder as it is, a
+    GGUF dequantized into ``out`` (float32 weights and its tokenizer), kept there and reused while up to date."""
+    from shards.checkpoint import open_checkpoint
+
+    checkpoint = open_checkpoint(source, cache_dir)
+    return _hf_folder(checkpoint, checkpoint.revision() if checkpoint.kind == "gguf" else "", out)
+
+
+def _hf_folder(checkpoint: Any, revision: str, out: Path) -> PreparedExport:
+    if checkpoint.kind != "gguf":
+        return PreparedExport(path=Path(checkpoint.folder), reused=True, steps={})
+    stamp = {"source": checkpoint.source_id, "revision": revision}
+    if _up_to_date(out, stamp):
+        return PreparedExport(path=out, reused=True, steps={})
+    gguf = Path(checkpoint.path)
+    print(f"bench: dequantizing {gguf.name} into a Hugging Face folder", file=sys.stderr)
+    with _staged(out) as staging:
+        steps = {
+            "gguf-to-hf": _checked(
+                "bench.baseline",
+                ["gguf-to-hf", str(gguf), str(staging)],
+                "converting the GGUF into a Hugging Face folder",
+            )
+        }
+        _write_stamp(staging, stamp, steps)
+    return PreparedExport(path=out, reused=False, steps=steps)
+
+
+def optimum_export(source: str, out: Path, cache_dir: Path, hf: Path | None = None) -> PreparedExport:
+    """The whole-model optimum-intel int4 export of ``source`` in ``out`` (reused when up to date).
+
+    A GGUF checkpoint is first dequantized into a Hugging Face folder: into ``hf``, kept there (as
+    :func:`hf_folder` makes it, and reused from there), or without ``hf`` beside ``out``, deleted afterwards."""
     from importlib.metadata import version
 
     from shards.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(source, cache_dir)
+    revision = checkpoint.revision()
     stamp: dict[str, Any] = {
         "source": checkpoint.source_id,
-        "revision": checkpoint.revision(),
+        "revision": revision,
         "optimum_args": list(OPTIMUM_INT4_ARGS),
         "optimum_intel": version("optimum-intel"),
     }
-    stamp_path = out / STAMP_NAME
-    if stamp_path.is_file():
-        try:
-            recorded = json.loads(stamp_path.read_text())
-            # the stamp also records what making the export cost; compare what it was made from
-            if isinstance(recorded, dict) and {key: recorded.get(key) for key in stamp} == stamp:
-                return PreparedExport(path=out, reused=True, steps={})
-        except (OSError, json.JSONDecodeError):
-            pass
-        log.info("%s is out of date, exporting the baseline again", out)
-
-    staging = out.with_name(out.name + ".incomplete")
-    hf_dir = out.with_name(out.name + ".hf.incomplete")
-    shutil.rmtree(staging, ignore_errors=True)
-    steps: dict[str, Measured] = {}
+    if _up_to_date(out, stamp):
+        return PreparedExport(path=out, reused=True, steps={})
+    scratch = out.with_name(out.name + ".hf.incomplete")
     try:
-        if checkpoint.kind == "gguf":
-            shutil.rmtree(hf_dir, ignore_errors=True)
-            gguf = Path(checkpoint.path)  # type: ignore[attr-defined]
-            print(f"bench: dequantizing {gguf.name} into a Hugging Face folder for optimum-intel", file=sys.stderr)
-            steps["gguf-to-hf"] = _checked(
-                "bench.baseline",
-                ["gguf-to-hf", str(gguf), str(hf_dir)],
-                "converting the GGUF into a Hugging Face folder",
+        with _staged(out) as staging:
+            model = _hf_folder(checkpoint, revision, hf or scratch)
+            steps = dict(model.steps)
+            print("bench: exporting the whole model with optimum-intel (int4 sym, group 128)", file=sys.stderr)
+            steps["optimum-export"] = _checked(
+                "optimum.commands.optimum_cli",
+                ["export", "openvino", "-m", str(model.path), *OPTIMUM_INT4_ARGS, str(staging)],
+                "optimum-cli export openvino",
             )
-            model_dir = hf_dir
-        else:
-            model_dir = Path(checkpoint.folder)  # type: ignore[attr-defined]
-        print("bench: exporting the whole model with optimum-intel (int4 sym, group 128)", file=sys.stderr)
-        steps["optimum-export"] = _checked(
-            "optimum.commands.optimum_cli",
-            ["export", "openvino", "-m", str(model_dir), *OPTIMUM_INT4_ARGS, str(staging)],
-            "optimum-cli export openvino",
-        )
-        if not (staging / "openvino_tokenizer.xml").is_file():
-            raise BenchError(
-                "optimum-intel wrote no openvino_tokenizer.xml, which LLMPipeline needs "
-                "(is openvino-tokenizers installed?)"
-            )
-        stamp["steps"] = {name: asdict(m) for name, m in steps.items()}
-        (staging / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+            if not (staging / "openvino_tokenizer.xml").is_file():
+                raise BenchError(
+                    "optimum-intel wrote no openvino_tokenizer.xml, which LLMPipeline needs "
+                    "(is openvino-tokenizers installed?)"
+                )
+            _write_stamp(staging, stamp, steps)
+    finally:
+        if hf is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return PreparedExport(path=out, reused=False, steps=steps)
+
+
+def _up_to_date(out: Path, stamp: dict[str, Any]) -> bool:
+    """Whether ``out`` holds a finished folder made from what ``stamp`` records (its stamp also records what making
+    it cost: only the keys of ``stamp`` are compared)."""
+    stamp_path = out / STAMP_NAME
+    if not stamp_path.is_file():
+        return False
+    try:
+        recorded = json.loads(stamp_path.read_text())
+        if isinstance(recorded, dict) and {key: recorded.get(key) for key in stamp} == stamp:
+            return True
+    except (OSError, json.JSONDecodeError):
+        pass
+    log.info("%s is out of date, making it again", out)
+    return False
+
+
+def _write_stamp(folder: Path, stamp: dict[str, Any], steps: dict[str, Measured]) -> None:
+    (folder / STAMP_NAME).write_text(
+        json.dumps({**stamp, "steps": {name: asdict(m) for name, m in steps.items()}}, indent=1) + "\n"
+    )
+
+
+@contextlib.contextmanager
+def _staged(out: Path) -> Iterator[Path]:
+    """A folder to make ``out`` in: it replaces ``out`` once the block ends without an error, else it is deleted."""
+    staging = out.with_name(out.name + ".incomplete")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        yield staging
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    finally:
-        shutil.rmtree(hf_dir, ignore_errors=True)
-    return PreparedExport(path=out, reused=False, steps=steps)
 
 
 def recorded_steps(export: Path) -> dict[str, Measured]:

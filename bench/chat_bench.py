@@ -14,22 +14,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import json
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.node.launcher import LocalAgent
-from bench import BenchError
-from bench.agents import PinnedCores, add_core_arguments, cores_text, pick_cores, start_agent
+from bench import BenchError, add_report_arguments
+from bench.agents import PinnedCores, add_core_arguments, bench_dirs, cores_text, pick_cores, start_chat_ring
 from bench.baseline import shoal_export
 from bench.ring_bench import DEFAULT_PROMPT
-from bench.shards_bench import append_markdown, command_line, describe_machine, rotation, slug
+from bench.shards_bench import command_line, describe_machine, publish, rotation, slug
 from bench.stats import Summary, paired_ratios
+
+if TYPE_CHECKING:
+    from agent.chat.endpoint import ChatEndpoint
+    from agent.chat.protocol import ChatRequest
 
 MODES = ("kept", "afresh")
 DEFAULT_FOLLOW_UPS = (
@@ -98,8 +100,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         help="every agent's inference precision (as `shoal agent --precision`; default auto)",
     )
     add_core_arguments(b, head_help="core of the chat agents (default: the first)")
-    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
+    add_report_arguments(b)
 
 
 @dataclass(frozen=True)
@@ -128,72 +129,24 @@ class ChatRing:
         self.endpoints: dict[str, Path] = {}
 
     def start(self, fleet_dir: Path) -> None:
-        from agent.fleet import issue_node
-
-        settings = self.settings
-        address: tuple[str, int] | None = None
-        last: tuple[str, int] | None = None
-        for index in range(settings.stages - 1, 0, -1):  # last stage first: each is told the next one's address
-            identity = issue_node(fleet_dir, f"stage-{index}")
-            core = settings.agent_core(index)
-            _progress(f"starting the agent of stage {index} on core {core}")
-            agent = start_agent(
-                self.export,
-                index,
-                identity.cert.parent,
-                core,
-                self.cache_dir,
-                self.log_dir / f"agent{index}.log",
-                address,
-                extra=["--precision", settings.precision],
-            )
-            self.agents.append(agent)
-            address = agent.address
-            last = last or address
-        assert address is not None and last is not None
-        for mode in MODES:
-            identity = issue_node(fleet_dir, f"chat-{mode}")
-            endpoint = self.log_dir / f"chat-{mode}.json"
-            keep = ["--chat-keep", "3600", "--chat-keep-max", "1"] if mode == "kept" else ["--chat-keep", "0"]
-            _progress(
-                f"starting the chat agent that {'keeps' if mode == 'kept' else 'does not keep'} sessions, "
-                f"on core {settings.head_core}"
-            )
-            agent = start_agent(
-                self.export,
-                0,
-                identity.cert.parent,
-                settings.head_core,
-                self.cache_dir,
-                self.log_dir / f"chat-{mode}.log",
-                address,
-                extra=[
-                    "--chat",
-                    "127.0.0.1:0",
-                    "--chat-file",
-                    str(endpoint),
-                    "--ring-last",
-                    f"{last[0]}:{last[1]}",
-                    "--precision",
-                    settings.precision,
-                    *keep,
-                ],
-            )
-            self.agents.append(agent)
-            self.endpoints[mode] = endpoint
+        precision = ["--precision", self.settings.precision]
+        heads = {"kept": ["--chat-keep", "3600", "--chat-keep-max", "1"], "afresh": ["--chat-keep", "0"]}
+        self.agents, self.endpoints = start_chat_ring(
+            self.export, self.settings.stages, self.settings, fleet_dir, self.cache_dir, self.log_dir, heads, precision
+        )
 
     def stop(self) -> None:
         for agent in reversed(self.agents):
             agent.stop(timeout=30)
 
 
-async def _turn(
-    endpoint: Any, messages: tuple[tuple[str, str], ...], tokens: int
+async def timed_answer(
+    endpoint: ChatEndpoint, request: ChatRequest
 ) -> tuple[float, float, str, list[int], dict[str, Any]]:
+    """Ask ``request`` of a chat agent: the seconds to its first token and to the end,
+    the answer's text and token ids, and the ``done`` event's stats."""
     from agent.chat.client import ask
-    from agent.chat.protocol import ChatRequest
 
-    request = ChatRequest(token=endpoint.token, messages=messages, max_tokens=tokens)
     started = time.perf_counter()
     first: float | None = None
     text: list[str] = []
@@ -219,6 +172,7 @@ async def _turn(
 
 async def _measure(ring: ChatRing, settings: ChatBenchSettings) -> list[TurnResult]:
     from agent.chat.endpoint import ChatEndpoint
+    from agent.chat.protocol import ChatRequest
 
     endpoints = {mode: ChatEndpoint.load(path) for mode, path in ring.endpoints.items()}
     results: list[TurnResult] = []
@@ -228,7 +182,8 @@ async def _measure(ring: ChatRing, settings: ChatBenchSettings) -> list[TurnResu
             history: tuple[tuple[str, str], ...] = ()
             for index, message in enumerate(settings.turns):
                 history = (*history, ("user", message))
-                first, seconds, text, ids, stats = await _turn(endpoint, history, settings.tokens)
+                request = ChatRequest(token=endpoint.token, messages=history, max_tokens=settings.tokens)
+                first, seconds, text, ids, stats = await timed_answer(endpoint, request)
                 history = (*history, ("assistant", text))
                 _progress(
                     f"round {round_} {mode}: turn {index + 1} first token {first:.2f} s, {seconds:.2f} s, "
@@ -320,19 +275,12 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
 
 def run_bench_chat(args: argparse.Namespace, cache_dir: Path) -> int:
     """Prepare (or reuse) the export, bring the ring and both chat agents up, hold the conversations, report."""
-    from agent.fleet import init_fleet
-
     settings = ChatBenchSettings.from_args(args)
     work = cache_dir / "bench" / slug(settings.model)
     work.mkdir(parents=True, exist_ok=True)
     _progress(f"{settings.model}: shoal export (int4, {settings.stages} stages)")
     export = shoal_export(settings.model, settings.stages, work / f"shoal-{settings.stages}stage", cache_dir).path
-    bench_dir = cache_dir / "bench"
-    fleet_dir = bench_dir / "ring-fleet"
-    if not (fleet_dir / "ca.pem").is_file():
-        init_fleet(fleet_dir, name="shoal-bench", force=True)
-    log_dir = bench_dir / "chat-logs" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    log_dir.mkdir(parents=True, exist_ok=True)
+    fleet_dir, log_dir = bench_dirs(cache_dir, "chat-logs")
     _progress(f"logs in {log_dir}")
     machine = describe_machine(settings.head_core)
     ring = ChatRing(settings, export, cache_dir, log_dir)
@@ -342,13 +290,5 @@ def run_bench_chat(args: argparse.Namespace, cache_dir: Path) -> int:
     finally:
         ring.stop()
     report = build_report(results, settings, machine)
-    (log_dir / "report.json").write_text(json.dumps(report, indent=1))
-    markdown = render_markdown(report, command_line())
-    if args.json:
-        sys.stdout.write(json.dumps(report) + "\n")
-    else:
-        print(markdown)
-    if args.markdown is not None:
-        append_markdown(args.markdown, markdown)
-        _progress(f"results appended to {args.markdown}")
+    publish(args, report, render_markdown(report, command_line()), log_dir)
     return 0

@@ -37,7 +37,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 import os
 import resource
@@ -56,8 +55,16 @@ from typing import TYPE_CHECKING, Any
 from agent.cli.common import layer_counts
 from agent.node.launcher import LocalAgent
 from agent.runtime.config import REWINDS
-from bench import BenchError, select_configs
-from bench.agents import PinnedCores, add_core_arguments, cores_text, cpu_seconds, pick_cores, start_agent
+from bench import BenchError, add_report_arguments, select_configs
+from bench.agents import (
+    PinnedCores,
+    add_core_arguments,
+    bench_dirs,
+    cores_text,
+    cpu_seconds,
+    pick_cores,
+    start_agent,
+)
 from bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
 from bench.shards_bench import append_markdown, command_line, describe_machine, rotation, slug
 from bench.stats import Summary, agreement, paired_ratios
@@ -344,8 +351,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         default="auto",
         help="how the head and the agents forget rejected drafts (as `shoal agent --rewind`)",
     )
-    b.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    b.add_argument("--markdown", type=Path, default=None, help="append a results section to this file")
+    add_report_arguments(b)
 
 
 # -- exports ---------------------------------------------------------------------------------------
@@ -1067,20 +1073,12 @@ def _stop_on_sigterm() -> None:
 
 def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
     """Prepare (or reuse) the exports, bring each ring up, measure it, report."""
-    from agent.fleet import init_fleet
-
     settings = RingSettings.from_args(args)
     _stop_on_sigterm()
     exports = prepare_exports(settings, cache_dir)
     # pin before OpenVINO is loaded here, so that its thread pool sees one CPU
     os.sched_setaffinity(0, {settings.head_core})
-    bench_dir = cache_dir / "bench"
-    fleet_dir = bench_dir / "ring-fleet"
-    if not (fleet_dir / "ca.pem").is_file():
-        init_fleet(fleet_dir, name="shoal-bench", force=True)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    log_dir = bench_dir / "ring-logs" / stamp
-    log_dir.mkdir(parents=True, exist_ok=True)
+    fleet_dir, log_dir = bench_dirs(cache_dir, "ring-logs")
     partial = log_dir / "results.json"
     machine = describe_machine(settings.head_core)
     machine.update({"head_core": settings.head_core, "agent_cores": list(settings.agent_cores)})

@@ -295,7 +295,8 @@ def _export_json(export: PreparedExport) -> dict[str, Any]:
     return data
 
 
-def describe_machine(core: int) -> dict[str, Any]:
+def describe_machine(core: int, packages: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The machine and the versions that matter (``packages``: further ones, recorded under their names)."""
     from importlib.metadata import PackageNotFoundError, version
 
     import psutil
@@ -320,6 +321,7 @@ def describe_machine(core: int) -> dict[str, Any]:
         "openvino_genai": package("openvino-genai"),
         "optimum_intel": package("optimum-intel"),
         "nncf": package("nncf"),
+        **{name: package(name) for name in packages},
     }
 
 
@@ -336,6 +338,19 @@ def _cpu_model() -> str:
 def command_line() -> str:
     """The command that produced a report, as the user typed it (``python -m bench ...``)."""
     return shlex.join(["python", "-m", "bench", *sys.argv[1:]])
+
+
+def publish(args: argparse.Namespace, report: dict[str, Any], markdown: str, log_dir: Path) -> None:
+    """Where a report goes: ``report.json`` in the run's log folder; on stdout, the JSON object (``--json``) or
+    the Markdown section; that section appended to ``--markdown FILE``."""
+    (log_dir / "report.json").write_text(json.dumps(report, indent=1))
+    if args.json:
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        print(markdown)
+    if args.markdown is not None:
+        append_markdown(args.markdown, markdown)
+        print(f"bench: results appended to {args.markdown}", file=sys.stderr)
 
 
 def append_markdown(path: Path, section: str) -> None:

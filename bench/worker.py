@@ -5,7 +5,9 @@ to the given core *before* importing OpenVINO (so the CPU plugin's thread pool s
 compiles the model and answers ``{"ready": true, ...}``. Then each ``run`` line gets an untimed
 warm-up generation of ``warmup_tokens`` followed at once by one timed generation of exactly
 ``tokens`` greedy tokens (stop tokens ignored), answered as a :class:`RunResult`; ``quit`` or end
-of input ends the process. Everything else the worker prints goes to stderr.
+of input ends the process. A ``{"prefill": [ids]}`` line instead gets one timed generation of a single
+token from those prompt ids, with no warm-up (``python -m bench prefill``: time to the first token).
+Everything else the worker prints goes to stderr.
 
 Timing: ``ttft_s`` runs from the start of generation to the first token (prefill + first pick);
 ``decode_s`` from the first token to the last, so ``tok_s = (tokens - 1) / decode_s`` excludes
@@ -31,8 +33,8 @@ from bench.peak import peak_rss_bytes
 if TYPE_CHECKING:  # OpenVINO is imported after the worker pinned itself to its core
     from agent.runtime.session import StageSession
 
-KINDS = ("mono", "shoal")
-RUN, QUIT = "run", "quit"
+KINDS = ("mono", "shoal", "torch")
+RUN, QUIT, PREFILL = "run", "quit", "prefill"
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class RunSpec:
     """What one worker process runs."""
 
     kind: str
-    """``mono`` (openvino_genai.LLMPipeline on an optimum-intel export) or ``shoal`` (LocalPipeline)."""
+    """``mono`` (openvino_genai.LLMPipeline on an optimum-intel export), ``shoal`` (LocalPipeline) or ``torch``
+    (transformers in float32 on a Hugging Face folder)."""
     model_dir: str
     prompt_ids: list[int]
     tokens: int
@@ -150,7 +153,9 @@ class Generation:
 class Runner(Protocol):
     load_s: float
 
-    def generate(self, count: int) -> Generation: ...
+    def generate(self, count: int, prompt_ids: list[int] | None = None) -> Generation:
+        """``count`` greedy tokens from ``prompt_ids`` (default: the spec's prompt)."""
+        ...
 
 
 class ShoalRunner:
@@ -171,7 +176,7 @@ class ShoalRunner:
         )
         self.load_s = time.perf_counter() - start
 
-    def generate(self, count: int) -> Generation:
+    def generate(self, count: int, prompt_ids: list[int] | None = None) -> Generation:
         from agent.runtime.session import StageSession
         from agent.sampling.params import SamplingParams
         from bench.plain_decode import generate
@@ -185,9 +190,8 @@ class ShoalRunner:
         stamps: list[float] = []
         at_first = (0.0, 0.0)
         began = time.perf_counter()
-        for token in generate(
-            session, self.spec.prompt_ids, count, frozenset(), SamplingParams(), self.manifest.context_tokens
-        ):
+        ids = prompt_ids or self.spec.prompt_ids
+        for token in generate(session, ids, count, frozenset(), SamplingParams(), self.manifest.context_tokens):
             stamps.append(time.perf_counter())
             tokens.append(token)
             if len(tokens) == 1:
@@ -205,11 +209,10 @@ class MonoRunner:
     """``openvino_genai.LLMPipeline`` (one thread, prefix caching off) on the same prompt ids."""
 
     def __init__(self, spec: RunSpec) -> None:
-        import numpy as np
-        import openvino as ov
         import openvino_genai as ov_genai
 
         self._genai = ov_genai
+        self.spec = spec
         scheduler = ov_genai.SchedulerConfig()
         scheduler.enable_prefix_caching = False
         properties: dict[str, Any] = {"scheduler_config": scheduler, "INFERENCE_NUM_THREADS": 1}
@@ -218,16 +221,19 @@ class MonoRunner:
         start = time.perf_counter()
         self.pipe = ov_genai.LLMPipeline(spec.model_dir, "CPU", **properties)
         self.load_s = time.perf_counter() - start
-        self.input_ids = ov.Tensor(np.asarray([spec.prompt_ids], dtype=np.int64))
 
-    def generate(self, count: int) -> Generation:
+    def generate(self, count: int, prompt_ids: list[int] | None = None) -> Generation:
+        import numpy as np
+        import openvino as ov
+
+        input_ids = ov.Tensor(np.asarray([prompt_ids or self.spec.prompt_ids], dtype=np.int64))
         config = self._genai.GenerationConfig()
         config.max_new_tokens = count
         config.min_new_tokens = count
         config.ignore_eos = True
         config.do_sample = False
         config.eos_token_id = self.pipe.get_generation_config().eos_token_id
-        result = self.pipe.generate(self.input_ids, config)
+        result = self.pipe.generate(input_ids, config)
         tokens = [int(t) for t in result.tokens[0]]
         if len(tokens) != count:
             raise RuntimeError(f"LLMPipeline produced {len(tokens)} tokens instead of {count}")
@@ -238,10 +244,47 @@ class MonoRunner:
         )
 
 
-def timed_run(runner: Runner, tokens: int) -> RunResult:
-    """One measured generation of exactly ``tokens`` tokens."""
+class TorchRunner:
+    """transformers' ``AutoModelForCausalLM`` in float32 (one thread) on a Hugging Face folder: what a user could
+    fall back to. Greedy, with the KV cache; only the last position's logits are computed, as ``generate`` does."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(1)
+        self.spec = spec
+        start = time.perf_counter()
+        self.model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=torch.float32).eval()
+        self.load_s = time.perf_counter() - start
+
+    def generate(self, count: int, prompt_ids: list[int] | None = None) -> Generation:
+        import torch
+
+        tokens: list[int] = []
+        stamps: list[float] = []
+        began = time.perf_counter()
+        with torch.inference_mode():
+            inputs, past = torch.tensor([prompt_ids or self.spec.prompt_ids]), None
+            while len(tokens) < count:
+                out = self.model(input_ids=inputs, past_key_values=past, use_cache=count > 1, logits_to_keep=1)
+                tokens.append(int(out.logits[0, -1].argmax()))
+                stamps.append(time.perf_counter())
+                inputs, past = torch.tensor([tokens[-1:]]), out.past_key_values
+        return Generation(tokens=tokens, ttft_s=stamps[0] - began, decode_s=stamps[-1] - stamps[0])
+
+
+RUNNERS: dict[str, type[MonoRunner | ShoalRunner | TorchRunner]] = {
+    "mono": MonoRunner,
+    "shoal": ShoalRunner,
+    "torch": TorchRunner,
+}
+
+
+def timed_run(runner: Runner, tokens: int, prompt_ids: list[int] | None = None) -> RunResult:
+    """One measured generation of exactly ``tokens`` tokens (from ``prompt_ids``, default: the spec's prompt)."""
     with _CpuShare() as share:
-        gen = runner.generate(tokens)
+        gen = runner.generate(tokens, prompt_ids)
     return RunResult(
         tokens=gen.tokens,
         ttft_s=gen.ttft_s,
@@ -331,7 +374,14 @@ class WorkerProcess:
 
     def run(self) -> RunResult:
         """One timed generation."""
-        self._send(RUN)
+        return self._result(RUN)
+
+    def prefill(self, prompt_ids: list[int]) -> RunResult:
+        """One timed generation of a single token from ``prompt_ids`` (no warm-up): its ``ttft_s``."""
+        return self._result(json.dumps({PREFILL: prompt_ids}))
+
+    def _result(self, command: str) -> RunResult:
+        self._send(command)
         try:
             return RunResult.from_json(self._receive())
         except TypeError as exc:
@@ -377,14 +427,14 @@ class WorkerProcess:
 
 
 def main() -> int:
-    """Serve the parent: a spec line, then one timed run per ``run`` line, until ``quit`` or EOF."""
+    """Serve the parent: a spec line, then one timed run per ``run`` or ``prefill`` line, until ``quit`` or EOF."""
     # replies get the real stdout; anything else printed (by Python or by C++ libraries) goes to stderr
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     spec = RunSpec(**json.loads(sys.stdin.readline()))
     if spec.core is not None:
         os.sched_setaffinity(0, {spec.core})
-    runner: Runner = MonoRunner(spec) if spec.kind == "mono" else ShoalRunner(spec)
+    runner: Runner = RUNNERS[spec.kind](spec)
     _reply(replies, {"ready": True, "load_s": runner.load_s})
     for line in sys.stdin:
         command = line.strip()
@@ -394,6 +444,8 @@ def main() -> int:
             # work after the core idled for even half a second run at a fraction of full speed.
             runner.generate(spec.warmup_tokens)
             _reply(replies, timed_run(runner, spec.tokens).to_json())
+        elif command.startswith("{"):
+            _reply(replies, timed_run(runner, 1, [int(i) for i in json.loads(command)[PREFILL]]).to_json())
         elif command == QUIT:
             break
         else:
