@@ -288,7 +288,7 @@ def _prepare(settings: PrefillSettings, work: Path, cache_dir: Path) -> dict[str
         else:
             stages = ring_stages(config)
             if stages not in shoal:
-                _progress(f"{settings.model}: shoal export (int4, {stages} stages)")
+                _progress(f"{settings.model}: shoal export (int4, {stages} stage{'s' if stages != 1 else ''})")
                 shoal[stages] = shoal_export(settings.model, stages, work / f"shoal-{stages}stage", cache_dir).path
             paths[config] = shoal[stages]
     return paths
