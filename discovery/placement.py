@@ -21,10 +21,11 @@ The rules, in the order they win:
    A member that has not measured its speed yet counts as the slowest measured one.
 4. **The cost of moving.** Moving a stage costs a download and a compile, and the ring waits meanwhile. So any
    placement whose bottleneck is within :data:`MOVE_MARGIN` of the best will do, and among those a stage
-   stays where it runs; else it goes to its named standby; else to a member that holds its files; else to the
-   fastest free member (members on probation last; ties by node id). A stage given to a member that does
-   not hold its files yet goes to one that does, once one does (a fleet restarted with its caches: the first
-   plan may come before the members have said which stages they hold). A running stage moves for speed only
+   stays where it runs; else it goes to a steady member that holds its files (its named standby first); else
+   to its named standby; else to a member that holds its files; else to the fastest free member (members on
+   probation last; ties by node id). A stage given to a member that does not hold its files yet goes straight
+   to a steady one that does, once one is free (a fleet restarted with its caches: the first plan may come
+   before the members have said which stages they hold). A running stage moves for speed only
    when the ring would be more than 20 % faster without it there *and* a member holding its files can take
    it: a faster member that joins first stands by (fetching and compiling the stage), and takes the stage
    over on a later plan, at the cost of no download.
@@ -311,6 +312,8 @@ class _Planner:
                 probation.add(node)
         self.probation = probation
         self.on_probation = [c.node in probation for c in self.cands]
+        self.to_holder: dict[int, int] = {}
+        """Stages rule 4 moved to a member holding their files, and where to (set by :meth:`_to_holders`)."""
         self.by_name: dict[str, list[int]] = {}
         for i, c in enumerate(self.cands):
             self.by_name.setdefault(c.name, []).append(i)
@@ -465,9 +468,14 @@ class _Planner:
                     break
         return found
 
-    def _preference(self, s: int, i: int) -> tuple[bool, bool, bool, int]:
-        """Rule 4's order (after staying put): its standby, steady members, holding its files, fastest."""
-        return (i not in self.standby_of[s], self.on_probation[i], s not in self.cands[i].held, self.rank[i])
+    def _preference(self, s: int, i: int) -> tuple[bool, bool, bool, bool, int]:
+        """Rule 4's order (after staying put): steady members holding its files, its standby, steady members,
+        holding its files, fastest. A steady holder comes before a standby that lacks the files (still fetching
+        them): the next plan would take the stage from that standby to the holder (:meth:`_to_holders`), and a
+        plan must be its own next plan."""
+        held = s in self.cands[i].held
+        steady_holder = held and not self.on_probation[i]
+        return (not steady_holder, i not in self.standby_of[s], self.on_probation[i], not held, self.rank[i])
 
     def _bottleneck(self, lists: dict[int, list[int]]) -> tuple[int, float]:
         """The most stages ``lists`` can cover, and the smallest bottleneck that covers that many."""
@@ -508,18 +516,19 @@ class _Planner:
         """Rule 4: stages that run stay, the others take their preferred free member within ``limit``, then
         augmenting paths cover whatever the preferences left uncovered."""
         owner: dict[int, int] = {}
+        lacking: dict[int, int] = {}
         for s in sorted(auto):
             was = self.index.get(self.was.get(s, ""))
             if was is None or was not in self.rank or not self.fits(s, was):
                 continue
-            if self.time(s, was) <= limit:
-                # not there yet (downloading) while a spare member holds its files: a restarted fleet's first
-                # plan came before the members said which stages their caches hold
-                stays = was in self.holders.get(s, [was]) or not self._held_by_a_spare(s, was, limit)
-            else:
-                stays = not self._ready_elsewhere(s, was, limit)
-            if stays:
+            if self.time(s, was) > limit:
+                if not self._ready_elsewhere(s, was, limit):
+                    owner[was] = s
+            elif was in self.holders.get(s, [was]):  # it holds the files, or nobody does
                 owner[was] = s
+            else:
+                lacking[s] = was
+        self._to_holders(lacking, owner, limit)
         placed = set(owner.values())
         for s in self.auto_order:
             if s in placed:
@@ -539,14 +548,37 @@ class _Planner:
         stage moves for speed only to a member that has its files, so the move costs no download)."""
         return any(i != was and self.fits(s, i) and self.time(s, i) <= limit for i in self.holders.get(s, []))
 
-    def _held_by_a_spare(self, s: int, was: int, limit: float) -> bool:
-        """Whether a steady member the previous plan gave no stage holds stage ``s``'s files and runs it within
-        ``limit`` (one on probation comes after every steady member: rule 5)."""
-        busy = {self.index.get(node) for node in self.was.values()}
-        return any(
-            i != was and i not in busy and not self.on_probation[i] and self.fits(s, i) and self.time(s, i) <= limit
-            for i in self.holders.get(s, [])
-        )
+    def _to_holders(self, lacking: dict[int, int], owner: dict[int, int], limit: float) -> None:
+        """Rule 4: each stage of ``lacking`` (stage -> the node it runs on, within ``limit``, which does not hold
+        its files yet: a restarted fleet's first plan came before the members said which stages their caches
+        hold) goes to a steady member that holds its files, runs it within ``limit`` and serves no stage that
+        stays (one on probation comes after every steady member: rule 5), else it stays; in ``owner``.
+
+        It goes straight to that member, not by way of its standby (which may lack the files too), and a stage
+        that leaves frees its node, which may hold another stage's files: so this goes on until no stage moves,
+        and the next plan finds no stage to move (a plan is its own next plan). Each pass moves a stage to a
+        member that holds its files or ends, so there are at most ``len(lacking) + 1`` of them.
+        """
+        owner.update({was: s for s, was in lacking.items()})
+        self.to_holder = {}
+        moved = True
+        while moved:
+            moved = False
+            for s, was in sorted(lacking.items()):
+                if owner.get(was) != s:
+                    continue  # on a member that holds its files already
+                to = next((i for i in self.preferred[s] if self._takes_for_its_files(s, i, owner, limit)), None)
+                if to is not None:
+                    del owner[was]
+                    owner[to], self.to_holder[s] = s, to
+                    moved = True
+
+    def _takes_for_its_files(self, s: int, i: int, owner: dict[int, int], limit: float) -> bool:
+        """Whether member ``i`` is free in ``owner``, steady, and holds stage ``s``'s files and runs it within
+        ``limit``. Stage ``s``'s :attr:`preferred` list is enough to look in: it has the stage's fastest steady
+        holders, more of them than there are other stages to keep them busy."""
+        held = s in self.cands[i].held
+        return held and i not in owner and not self.on_probation[i] and self.time(s, i) <= limit
 
     def _standbys(self, served: dict[int, int], without: set[int], users: dict[int, int]) -> dict[int, list[int]]:
         """Rule 6: spare members that can hold each served stage, the ones named before first; the slowest
@@ -605,9 +637,9 @@ class _Planner:
             how = f"{'moved' if moved else 'given'} to {self.name(i)}, a free member that can hold it"
         if was is None:
             return how
-        return f"{how} ({self._why_moved(s, was, taken, users, limit)})"
+        return f"{how} ({self._why_moved(s, i, was, taken, users, limit)})"
 
-    def _why_moved(self, s: int, was: str, taken: dict[int, int], users: dict[int, int], limit: float) -> str:
+    def _why_moved(self, s: int, i: int, was: str, taken: dict[int, int], users: dict[int, int], limit: float) -> str:
         p = self.index.get(was)
         if p is None:
             return f"{was} is no longer known"
@@ -620,6 +652,8 @@ class _Planner:
             return f"{name} no longer has the {self.needs[s].memory_mb} MiB it needs"
         if self.time(s, p) > limit:
             return f"the ring would be over {MOVE_MARGIN:.0%} slower with it on {name}"
+        if self.to_holder.get(s) == i:
+            return f"{name} does not hold its files yet"
         if p in users:
             return f"{name} serves stage {users[p]} now, so that every stage is covered"
         return f"{name} was needed elsewhere"

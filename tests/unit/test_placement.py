@@ -253,6 +253,50 @@ def test_a_stage_not_yet_held_where_it_was_given_goes_to_a_member_whose_cache_ho
     assert plan(doc(), needs(1.0, 1.0), both, blind).node_of(0) == given[0]
 
 
+def test_a_stage_leaving_for_a_member_with_its_files_skips_a_standby_without_them() -> None:
+    # hypothesis's case: the only member holding stage 0's files comes back from lost. The stage moved first to
+    # its standby (which lacks the files too), and then on the next plan to the holder: not its own next plan
+    members = [cand(n, speed=0.0, memory=500) for n in (2, 3, 4, 5)] + [cand(1, 0.0, 500, (0,), "lost")]
+    stages = (StageNeed(0, 500, 1.0),)
+    first = plan(doc(), stages, members)
+    assert first.node_of(0) == node(2) and first.standbys_of(0) == (node(3),)
+    members = swap(members, 1, state="member")
+    back = plan(doc(), stages, members, first)
+    assert back.node_of(0) == node(1) and back.epoch == 2
+    assert back.assignments[0].reason == "moved to pc1, which holds its files (pc2 does not hold its files yet)"
+    again = plan(doc(), stages, members, back)
+    assert again.hash == back.hash and again.epoch == back.epoch
+
+
+def test_a_lost_members_stage_goes_to_a_member_with_its_files_before_a_standby_without_them() -> None:
+    members = [cand(1, held=(0,)), cand(2)]
+    first = plan(doc(), needs(1.0), members)
+    assert first.node_of(0) == node(1) and first.standbys_of(0) == (node(2),)
+    members.append(cand(3, held=(0,)))
+    joined = plan(doc(), needs(1.0), members, first)
+    assert joined.hash == first.hash  # pc2 keeps standing by
+    members = swap(members, 1, state="lost")
+    lost = plan(doc(), needs(1.0), members, joined)
+    assert lost.node_of(0) == node(3)  # not pc2, its standby, which has not got the files yet
+    assert lost.assignments[0].reason == "moved to pc3, which holds its files (pc1 is lost)"
+    again = plan(doc(), needs(1.0), members, lost)
+    assert again.hash == lost.hash and again.epoch == lost.epoch
+
+
+def test_a_stage_leaving_for_its_files_frees_a_member_holding_another_stages_files() -> None:
+    # stage 1 leaves pc2 for pc1, which holds its files, and pc2 holds stage 2's: it moves in the same plan
+    members = [cand(3, memory=500), cand(2, memory=500, held=(2,)), cand(1, memory=500, held=(1,), state="lost")]
+    stages = (StageNeed(0, 1000, 1.0), StageNeed(1, 500, 1.0), StageNeed(2, 500, 1.0))  # stage 0 fits nowhere
+    first = plan(doc(), stages, members)
+    assert served(first) == [None, node(2), node(3)]
+    members = swap(members, 1, state="member")
+    back = plan(doc(), stages, members, first)
+    assert served(back) == [None, node(1), node(2)] and back.epoch == 2
+    assert back.assignments[2].reason == "moved to pc2, which holds its files (pc3 does not hold its files yet)"
+    again = plan(doc(), stages, members, back)
+    assert again.hash == back.hash and again.epoch == back.epoch
+
+
 def test_a_much_faster_member_moves_a_stage_once_the_margin_is_beaten() -> None:
     members = [cand(1, speed=10), cand(2, speed=5)]
     first = plan(doc(), needs(1.0, 1.0), members)
