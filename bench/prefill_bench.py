@@ -8,7 +8,9 @@ Configurations, each in fresh processes of its own, one inference thread per pro
 - ``torch``: transformers in float32 on a Hugging Face folder of the same checkpoint (a GGUF is dequantized into
   one, kept in the bench cache), the reference a user could fall back to: one forward over the prompt, computing
   the last position's logits only (as ``generate`` does);
-- ``1-stage``: shoal's 1-stage int4 export in one process (``LocalPipeline``);
+- ``1-stage``: shoal's 1-stage int4 export in one process (``LocalPipeline``), prompts through its PagedAttention
+  compilation (the default on the CPU); ``1-stage-sdpa`` the same with ``prefill_attention="sdpa"``, every step on
+  the SDPA graph (how shoal prefilled before);
 - ``ringN`` and ``ringN-pipelined``: a ring of N agents (``shoal agent --threads 1``): the agent of stage 0 heads
   chats (on the head core), one agent serves each further stage (``--agent-core``). It is asked through its chat
   endpoint (``shoal ask``'s client) and sends the prompt through the ring as one step (``--prefill-chunk 0``) or
@@ -53,8 +55,8 @@ from bench.worker import RunSpec, WorkerProcess
 if TYPE_CHECKING:
     from agent.chat.endpoint import ChatEndpoint
 
-CONFIGS = ("genai", "torch", "1-stage", "ring2", "ring2-pipelined", "ring3", "ring3-pipelined")
-WORKER_KINDS = {"genai": "mono", "torch": "torch", "1-stage": "shoal"}
+CONFIGS = ("genai", "torch", "1-stage", "1-stage-sdpa", "ring2", "ring2-pipelined", "ring3", "ring3-pipelined")
+WORKER_KINDS = {"genai": "mono", "torch": "torch", "1-stage": "shoal", "1-stage-sdpa": "shoal"}
 """The configurations that run in one ``bench.worker`` process, and the worker's kind for each."""
 NOT_SHOAL = ("genai", "torch")
 PIPELINED = "-pipelined"
@@ -233,7 +235,8 @@ def _in_process(config: str, model_dir: Path, m: Measuring, results: list[Prefil
     """A configuration in one ``bench.worker`` process pinned to the head core."""
     # tokens and warmup_tokens serve only the worker's `run` command, which this bench does not send
     core = m.settings.head_core
-    spec = RunSpec(WORKER_KINDS[config], str(model_dir), m.warmup.ids, 2, 1, core, str(m.ov_cache))
+    attention = "sdpa" if config == "1-stage-sdpa" else "paged"
+    spec = RunSpec(WORKER_KINDS[config], str(model_dir), m.warmup.ids, 2, 1, core, str(m.ov_cache), attention)
     _progress(f"{config}: loading it in a process on core {core}")
     with contextlib.closing(WorkerProcess(config, spec)) as worker:
         worker.prefill(m.warmup.ids)
@@ -441,7 +444,8 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
         "token; time from the start of the request to that token, after an untimed answer to a "
         f"{WARMUP_TOKENS}-token prompt in the same processes. genai: `openvino_genai.LLMPipeline` (prefix caching "
         "off) on the optimum-intel int4 export; torch: transformers float32 on the dequantized checkpoint, one "
-        "forward; 1-stage: shoal's 1-stage int4 export in one process; ringN: N agents, the chat agent (stage 0) "
+        "forward; 1-stage: shoal's 1-stage int4 export in one process (1-stage-sdpa: its prompts on the SDPA graph, "
+        "not the PagedAttention one); ringN: N agents, the chat agent (stage 0) "
         "asked through its endpoint, the prompt sent as one step (`--prefill-chunk 0`) or, `-pipelined`, in "
         f"chunks of at most {settings['prefill_chunk']} positions.",
         "",

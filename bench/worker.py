@@ -52,6 +52,8 @@ class RunSpec:
     """CPU to pin the process to; None leaves the affinity alone."""
     ov_cache_dir: str | None = None
     """OpenVINO compiled-model cache (shortens loading only; inference is unaffected)."""
+    prefill_attention: str = "paged"
+    """``shoal``: what its prompts attend through (``RuntimeConfig.prefill_attention``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -172,7 +174,9 @@ class ShoalRunner:
         self.manifest = Manifest.load(export_dir)
         cache = Path(spec.ov_cache_dir) if spec.ov_cache_dir else None
         self.pipeline = LocalPipeline(
-            export_dir, self.manifest, RuntimeConfig(device="CPU", threads=1, cache_dir=cache)
+            export_dir,
+            self.manifest,
+            RuntimeConfig(device="CPU", threads=1, cache_dir=cache, prefill_attention=spec.prefill_attention),
         )
         self.load_s = time.perf_counter() - start
 

@@ -26,6 +26,7 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "threads": args.threads,
         "precision": args.precision,
         "fast_prefill": args.fast_prefill,
+        "prefill_attention": args.prefill_attention,
         "rewind": args.rewind,
         "max_sessions": args.max_sessions,
         "wire_dtype": args.wire_dtype,

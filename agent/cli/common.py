@@ -17,6 +17,10 @@ REWIND_HELP = (
     "cache (a copy; exact on one thread in every precision); auto: cut where that makes speculative "
     "greedy equal plain greedy (default)"
 )
+PREFILL_ATTENTION_HELP = (
+    "what prompts attend through on the CPU: paged (a PagedAttention compilation, about twice as fast on long "
+    "prompts, a second copy of the stage's weights in memory; default) or sdpa (the decode compilation)"
+)
 
 
 def identity_dir(explicit: Path | None, data_dir: Path) -> Path:

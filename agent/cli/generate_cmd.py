@@ -64,6 +64,7 @@ def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> i
         cache_dir=cache_dir / "ov-cache",
         precision=args.precision,
         fast_prefill=args.fast_prefill,
+        prefill_attention=args.prefill_attention,
         rewind=args.rewind,
     )
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)

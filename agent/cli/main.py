@@ -13,11 +13,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.cli.common import EXPORT_MODULES, REWIND_HELP, layer_counts, require_extra
+from agent.cli.common import EXPORT_MODULES, PREFILL_ATTENTION_HELP, REWIND_HELP, layer_counts, require_extra
 from agent.errors import ShoalError
 from agent.head.drafters import DRAFTERS
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
-from agent.runtime.config import REWINDS
+from agent.runtime.config import PREFILL_ATTENTIONS, REWINDS
 
 log = logging.getLogger("shoal")
 
@@ -84,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fast-prefill",
         action="store_true",
-        help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory",
+        help="prompts computed in the CPU's default precision (int4/int8, CPUs with bf16): faster prefill",
     )
+    p.add_argument("--prefill-attention", choices=PREFILL_ATTENTIONS, default="paged", help=PREFILL_ATTENTION_HELP)
     p.add_argument("--rewind", choices=REWINDS, default="auto", help=REWIND_HELP)
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
     p.add_argument(
@@ -191,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--fast-prefill",
         action="store_true",
         default=None,
-        help="prompts through a second compilation (CPU, int4/int8): faster prefill, twice the memory",
+        help="prompts computed in the CPU's default precision (int4/int8, CPUs with bf16): faster prefill",
     )
+    p.add_argument("--prefill-attention", choices=PREFILL_ATTENTIONS, default=None, help=PREFILL_ATTENTION_HELP)
     p.add_argument("--rewind", choices=REWINDS, default=None, help=REWIND_HELP)
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
     p.add_argument(

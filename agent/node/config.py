@@ -11,7 +11,7 @@ from typing import Any
 from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
-from agent.runtime.config import KNOWN_DEVICES, PRECISIONS, REWINDS, RuntimeConfig
+from agent.runtime.config import KNOWN_DEVICES, PRECISIONS, PREFILL_ATTENTIONS, REWINDS, RuntimeConfig
 from agent.transport.heartbeat import Liveness
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 
@@ -267,6 +267,7 @@ _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "cache_dir": _path,
     "precision": _choice(PRECISIONS),
     "fast_prefill": _flag,
+    "prefill_attention": _choice(PREFILL_ATTENTIONS),
     "rewind": _choice(REWINDS),
 }
 
@@ -280,8 +281,8 @@ def load_agent_config(
     ``ConfigError`` naming the setting.
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
-    device, threads, precision, fast_prefill, rewind, cache_dir, max_sessions, max_payload, wire_dtype, verify,
-    chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
+    device, threads, precision, fast_prefill, prefill_attention, rewind, cache_dir, max_sessions, max_payload,
+    wire_dtype, verify, chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
     heartbeat_interval, link_timeout, step_timeout, prefill_chunk, peers (list of ``HOST:PORT``), mdns,
     lost_after, shards_dir, offer_mb, speed.
     """

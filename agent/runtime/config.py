@@ -13,6 +13,7 @@ from agent.errors import RuntimeStageError
 KNOWN_DEVICES = ("AUTO", "CPU", "GPU", "NPU")
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 REWINDS = ("auto", "mask", "compact")
+PREFILL_ATTENTIONS = ("paged", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,17 @@ class RuntimeConfig:
     and verifying K+1 positions at once costs far less); elsewhere ``auto`` is the plugin's default.
     In bf16, or with activations quantized on the fly, the CPU plugin rounds differently where a graph
     is cut into stages: only ``f32`` makes a split int4/int8 export token-identical to its 1-stage export."""
+    prefill_attention: str = "paged"
+    """What long steps (prompts) attend through (``PREFILL_ATTENTIONS``). ``paged``, on the CPU: a second
+    compilation of the stage graph with OpenVINO's PagedAttention, the KV state moved across
+    (``agent.runtime.paged_prefill``): 2.0x faster than the SDPA graph on a 2,048-token prompt on a 2-core
+    AVX2 EPYC (docs/benchmarks.md), for a second copy of the stage's packed weights in memory. ``sdpa``: every
+    step on the one compilation (other devices always)."""
     fast_prefill: bool = False
-    """With ``auto`` on the CPU and int4/int8 weights: a second compilation in the plugin's default
-    precision runs long steps (prompts), the KV state moved across. bf16 prefill was 1.6x (500 prompt tokens)
-    to 2.5-3x (2,000) faster on a 2-core Xeon VM with AMX (docs/prefill-profile.md), for twice the stage's
-    memory (each compilation packs its own copy of the weights). Where the plugin's default is f32 anyway
-    (a CPU without bf16 or f16), nothing would be gained and the stage compiles once."""
+    """With ``auto`` on the CPU and int4/int8 weights: the paged prefill compilation computes in the plugin's
+    default precision. bf16 prefill was 1.6x (500 prompt tokens) to 2.5-3x (2,000) faster on a 2-core Xeon VM
+    with AMX (docs/prefill-profile.md). Where the plugin's default is f32 anyway (a CPU without bf16 or f16),
+    nothing changes."""
     rewind: str = "auto"
     """How a session forgets rejected drafts (``REWINDS``). ``mask``: they stay in the KV state, masked
     out of attention; free. ``compact``: they are cut out of the state, one copy per rewind (measured on
@@ -52,5 +58,9 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise RuntimeStageError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+        if self.prefill_attention not in PREFILL_ATTENTIONS:
+            raise RuntimeStageError(
+                f"prefill attention must be one of {', '.join(PREFILL_ATTENTIONS)}, not {self.prefill_attention!r}"
+            )
         if self.rewind not in REWINDS:
             raise RuntimeStageError(f"rewind must be one of {', '.join(REWINDS)}, not {self.rewind!r}")

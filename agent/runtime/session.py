@@ -5,7 +5,8 @@ OpenVINO state costs a copy per call; instead the rejected positions stay in the
 masked out of ``attention_mask`` on every later step, while ``position_ids`` follow the logical
 length (the number of kept tokens). Where the graph computes in f32 the result equals a trimmed cache,
 at no cost per rewind. In lower precisions it does not quite (see ``RuntimeConfig.rewind``): a session
-then compacts instead, copying the state without the rejected positions.
+then compacts instead, copying the state without the rejected positions. A long step (a prompt) may run
+on a paged compilation of the graph (``agent.runtime.paged_prefill``), which leaves the state compacted.
 """
 
 from __future__ import annotations
@@ -17,17 +18,11 @@ import numpy as np
 import openvino as ov
 
 from agent.errors import RuntimeStageError
+from agent.runtime.paged_prefill import PagedStep
 from shards.manifest import LOGITS_INDEX
 
 # A step this long is a prompt (or a new chat turn), never a speculative step (K <= 16 drafts + 1).
 PREFILL_MIN_POSITIONS = 18
-
-
-def _copy_state(source: ov.InferRequest, target: ov.InferRequest) -> None:
-    """Move a session's KV cache between two compilations of one graph (same variables, same layout)."""
-    states = {state.name: state for state in source.query_state()}
-    for state in target.query_state():
-        state.state = states[state.name].state
 
 
 class StageSession:
@@ -41,16 +36,16 @@ class StageSession:
         *,
         holds_head: bool = False,
         selects_positions: bool = False,
-        prefill: tuple[ov.InferRequest, ov.Output] | None = None,
+        paged: PagedStep | None = None,
         prefill_min_positions: int = PREFILL_MIN_POSITIONS,
         compact_rewind: bool = False,
     ) -> None:
         """``holds_head``: the graph ends in logits; ``selects_positions``: it also takes ``logits_index``
-        (a head graph of format 2 on); ``prefill``: a request (and its output) of the same graph compiled
-        for long steps, which steps of at least ``prefill_min_positions`` run on, the KV state moved across;
+        (a head graph of format 2 on); ``paged``: the paged compilation that steps of at least
+        ``prefill_min_positions`` run on, the KV state moved across;
         ``compact_rewind``: rewinds drop positions from the state (a copy) instead of masking them."""
         self._request = request
-        self._prefill = prefill
+        self._paged = paged
         self._prefill_min = prefill_min_positions
         self._input_name = input_name
         self._output = output
@@ -66,11 +61,11 @@ class StageSession:
 
     def wrap_requests(self, wrap: Callable[[ov.InferRequest], ov.InferRequest]) -> None:
         """Instrumentation: from now on this session runs on ``wrap(request)`` in place of each of its
-        InferRequests (the long-step one too): a stand-in that passes every call on to the request it wraps,
+        InferRequests (the paged one too): a stand-in that passes every call on to the request it wraps,
         and times ``infer``, say (as the benchmark harness does). Sessions never wrapped are unchanged."""
         self._request = wrap(self._request)
-        if self._prefill is not None:
-            self._prefill = (wrap(self._prefill[0]), self._prefill[1])
+        if self._paged is not None:
+            self._paged.request = wrap(self._paged.request)
 
     @property
     def logical_length(self) -> int:
@@ -102,6 +97,8 @@ class StageSession:
             grown = np.zeros((1, max(end, 2 * self._mask.shape[1])), dtype=np.int64)
             grown[:, : self._physical] = self._mask[:, : self._physical]
             self._mask = grown
+        if self._paged is not None and n >= self._prefill_min:
+            return self._paged_step(self._paged, inputs, positions, last_only)
         self._mask[0, self._physical : end] = 1
         feed = {
             self._input_name: inputs,
@@ -111,18 +108,25 @@ class StageSession:
         }
         if self._selects_positions:
             feed[LOGITS_INDEX] = np.arange(n - 1 if last_only else 0, n, dtype=np.int64)
-        request, output = self._request, self._output
-        if self._prefill is not None and n >= self._prefill_min:
-            request, output = self._prefill
-            if self._physical:
-                _copy_state(self._request, request)
         # share_outputs: the caller reads the output tensor below; skip the copy into a dict
-        request.infer(feed, share_inputs=True, share_outputs=True)
-        if request is not self._request:
-            _copy_state(request, self._request)
+        self._request.infer(feed, share_inputs=True, share_outputs=True)
         self._physical = end
         self._logical += n
-        out = request.get_tensor(output).data
+        return self._last_only(self._request.get_tensor(self._output).data, last_only)
+
+    def _paged_step(self, paged: PagedStep, inputs: np.ndarray, positions: np.ndarray, last_only: bool) -> np.ndarray:
+        """A long step on the paged compilation: the state comes back holding only kept positions."""
+        n = inputs.shape[1]
+        kept = np.flatnonzero(self._mask[0, : self._physical])
+        index = np.arange(n - 1 if last_only else 0, n, dtype=np.int64) if self._selects_positions else None
+        out = paged.run(self._request, kept, inputs, positions, index)
+        length = len(kept) + n
+        self._mask[0, :length] = 1
+        self._mask[0, length : self._physical + n] = 0
+        self._physical = self._logical = length
+        return self._last_only(out, last_only)
+
+    def _last_only(self, out: np.ndarray, last_only: bool) -> np.ndarray:
         return out[:, -1:] if last_only and self._holds_head and not self._selects_positions else out
 
     def rewind(self, n: int) -> None:
@@ -158,8 +162,6 @@ class StageSession:
     def reset(self) -> None:
         """Drop the whole KV state (a new conversation)."""
         self._request.reset_state()
-        if self._prefill is not None:
-            self._prefill[0].reset_state()
         self._mask[:] = 0
         self._physical = 0
         self._logical = 0

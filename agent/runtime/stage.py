@@ -10,6 +10,7 @@ import openvino as ov
 
 from agent.errors import RuntimeStageError
 from agent.runtime.config import KNOWN_DEVICES, RuntimeConfig
+from agent.runtime.paged_prefill import PagedPrefill, compile_paged_prefill
 from agent.runtime.pipeline import PipelineSession
 from agent.runtime.protocol import new_sessions
 from agent.runtime.session import StageSession
@@ -43,14 +44,24 @@ def choose_device(requested: str, available: list[str]) -> str:
     raise RuntimeStageError(f"device {requested} is not available here (available: {', '.join(available) or 'none'})")
 
 
+def pages_prefill(device: str, config: RuntimeConfig) -> bool:
+    """Whether a stage's long steps run on a PagedAttention compilation (see ``RuntimeConfig.prefill_attention``):
+    on the CPU, whose plugin lays KV blocks out as ``agent.runtime.paged_prefill`` reads them."""
+    return config.prefill_attention == "paged" and device == "CPU"
+
+
 def splits_prefill(device: str, weights: str, config: RuntimeConfig, default_precision: str) -> bool:
-    """Whether a stage gets a second compilation for long steps (see ``RuntimeConfig.fast_prefill``).
+    """Whether long steps compute in the device's default precision (see ``RuntimeConfig.fast_prefill``).
 
     ``default_precision``: the device's own inference precision (``f32``, ``bf16``, ``f16``), which the
-    long-step compilation would run in; at ``f32`` it would be the decode compilation over again, and
-    moving the KV state across (u8 by default) would only re-round it.
+    long-step compilation would run in; at ``f32`` it would be the decode compilation's precision anyway.
     """
-    return config.fast_prefill and _quantizes_on_the_fly(device, weights, config) and default_precision != "f32"
+    return (
+        config.fast_prefill
+        and pages_prefill(device, config)
+        and _quantizes_on_the_fly(device, weights, config)
+        and default_precision != "f32"
+    )
 
 
 def default_inference_precision(core: ov.Core, device: str) -> str:
@@ -154,28 +165,28 @@ class CompiledStage:
         default = default_inference_precision(self.core, self.device)
         props = compile_properties(self.device, weights, config, default_precision=default)
         xml = export_dir / graph.xml
-        self.prefill_compiled: ov.CompiledModel | None = None
         try:
             # Compiling from the path (not a read model) lets OpenVINO use its model cache.
             self.compiled = self.core.compile_model(str(xml), self.device, props)
-            if config.fast_prefill:
-                if splits_prefill(self.device, weights, config, default):
-                    self.prefill_compiled = self.core.compile_model(
-                        str(xml),
-                        self.device,
-                        compile_properties(self.device, weights, config, prefill=True, default_precision=default),
-                    )
-                else:
-                    log.info(
-                        "%s: no prefill compilation (%s weights, precision %s, %s computes in %s by default)",
-                        graph.name,
-                        weights,
-                        config.precision,
-                        self.device,
-                        default,
-                    )
         except RuntimeError as exc:
             raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
+        self.paged_prefill: PagedPrefill | None = None
+        if pages_prefill(self.device, config):
+            fast = splits_prefill(self.device, weights, config, default)
+            prefill_props = compile_properties(self.device, weights, config, prefill=fast, default_precision=default)
+            try:
+                self.paged_prefill = compile_paged_prefill(
+                    self.core, str(xml), graph.inputs[0], graph.outputs[0], self.device, prefill_props
+                )
+            except RuntimeStageError as exc:
+                log.warning("%s: long steps stay on the decode compilation: %s", graph.name, exc)
+        elif config.fast_prefill:
+            log.info(
+                "%s: no prefill compilation on %s (prefill attention %s)",
+                graph.name,
+                self.device,
+                config.prefill_attention,
+            )
         self.exact_speculation = None if drafts else speculation_is_exact(self.device, weights, config)
         self.wire_dtype = "f16" if _compiled_precision(self.compiled) == "f16" else "f32"
         """What this stage's hidden states cross the wire in when not told (``auto``): f16 where the device
@@ -200,16 +211,13 @@ class CompiledStage:
     def new_session(self) -> StageSession:
         """A fresh KV state for one conversation."""
         output = self.graph.outputs[0]
-        prefill = None
-        if self.prefill_compiled is not None:
-            prefill = (self.prefill_compiled.create_infer_request(), self.prefill_compiled.output(output))
         return StageSession(
             self.compiled.create_infer_request(),
             self.graph.inputs[0],
             self.compiled.output(output),
             holds_head=self.graph.head,
             selects_positions=LOGITS_INDEX in self.graph.inputs,
-            prefill=prefill,
+            paged=self.paged_prefill.new_step() if self.paged_prefill is not None else None,
             compact_rewind=self.compact_rewind,
         )
 

@@ -78,7 +78,7 @@ def test_lengths_leave_one_position_for_the_answer_and_run_shortest_first() -> N
 
 
 def test_configs_and_lengths_on_the_command_line() -> None:
-    assert [ring_stages(c) for c in CONFIGS] == [1, 1, 1, 2, 2, 3, 3]
+    assert [ring_stages(c) for c in CONFIGS] == [1, 1, 1, 1, 2, 2, 3, 3]
     assert token_counts("512, 2048,4096") == (512, 2048, 4096)
     for bad in ("", "0", "512,x"):
         with pytest.raises(argparse.ArgumentTypeError):
@@ -107,7 +107,8 @@ def _settings(agent_cores: tuple[int, ...]) -> PrefillSettings:
 
 
 def _report(agent_cores: tuple[int, ...]) -> dict[str, object]:
-    times = {"genai": 1.0, "torch": 2.0, "1-stage": 1.0, "ring2": 1.2, "ring2-pipelined": 0.8, "ring3": 1.3}
+    times = {"genai": 1.0, "torch": 2.0, "1-stage": 1.0, "1-stage-sdpa": 2.0, "ring2": 1.2, "ring2-pipelined": 0.8}
+    times["ring3"] = 1.3
     times["ring3-pipelined"] = 0.5
     runs = [
         PrefillRun(config, n, run, seconds * (8 if n > 512 else 1) * (1 + run / 10), 7)
@@ -142,7 +143,10 @@ def test_the_report_holds_each_config_and_length_and_the_goals() -> None:
 
 def test_the_markdown_shows_times_goals_and_the_cores_of_each_agent() -> None:
     markdown = render_markdown(_report((1, 2)), "python -m bench prefill")
-    assert "| prompt tokens | genai | torch | 1-stage | ring2 | ring2-pipelined | ring3 | ring3-pipelined |" in markdown
+    header = (
+        "| prompt tokens | genai | torch | 1-stage | 1-stage-sdpa | ring2 | ring2-pipelined | ring3 | ring3-pipelined |"
+    )
+    assert header in markdown
     assert "| 4,095 | 8.400 (8.000-8.800) |" in markdown
     assert "| 1-stage ≤ 1.1× genai | 1.00 pass | 1.00 pass |" in markdown
     assert "| 1-stage ≤ 1.5× torch | 0.50 pass | 0.50 pass |" in markdown

@@ -1,0 +1,199 @@
+"""Long steps (prompts) through OpenVINO's PagedAttention, the KV state moved into the stage's own cache.
+
+A stage graph attends through ``ScaledDotProductAttention`` with its KV cache as OpenVINO state: what
+speculative decoding needs (mask or cut rejected drafts, one conversation per request). For a long step the
+CPU plugin's f32 SDPA kernel is slow: it takes the query four rows at a time against every key, the masked
+half included. Measured on a 2-core AVX2 EPYC, one thread, SmolLM2 int4 at 2,048 prompt tokens: 6.7 s of a
+16 s step (docs/benchmarks.md). The plugin's PagedAttention kernel, the one ``openvino_genai`` prefills with,
+took 1.6 s for the same attention.
+
+So a CPU stage also compiles its graph after OpenVINO's own SDPA-to-PagedAttention transformation. A long
+step runs there: the session's kept positions are copied from the state into KV blocks, the step appends
+its own, and the blocks go back into the state, compacted. The logits agree with the SDPA graph's to about
+3e-5 in f32, and a prompt sent in chunks leaves the same blocks as one step (tests/integration/
+test_paged_prefill.py). Decoding, drafts and rewinds stay on the SDPA graph.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import openvino as ov
+
+from agent.errors import RuntimeStageError
+from shards.manifest import LOGITS_INDEX
+
+_TOKEN_INPUTS = {"input_ids": "input_ids", "hidden_states": "inputs_embeds"}
+"""The stage input each kind of stage has, and the name the transformation looks for it under."""
+_LAYER = re.compile(r"layers\.(\d+)\.")
+_STATE = re.compile(r"past_key_values\.(\d+)\.(key|value)")
+
+
+@dataclass(frozen=True)
+class PagedGraph:
+    """A stage graph after the SDPA-to-PagedAttention transformation, and where each layer's KV blocks enter."""
+
+    model: ov.Model
+    token_input: str
+    """``input_ids`` (``[n]`` ids) or ``inputs_embeds`` (``[n, hidden]``): the step's positions."""
+    caches: dict[str, tuple[int, str]]
+    """Each ``key_cache.j`` / ``value_cache.j`` input: the stage's local layer and ``key`` or ``value``."""
+
+
+def paged_graph(model: ov.Model, stage_input: str) -> PagedGraph:
+    """Transform a stage graph (read, not compiled; changed in place) for paged long steps.
+
+    ``stage_input`` is the graph's first input (``input_ids`` or ``hidden_states``). Raises
+    ``RuntimeStageError`` when the graph does not take the transformation as expected.
+    """
+    from openvino._offline_transformations import paged_attention_transformation
+
+    token_input = _TOKEN_INPUTS.get(stage_input)
+    if token_input is None:
+        raise RuntimeStageError(f"no paged prefill for a stage taking {stage_input!r}")
+    # The transformation finds the positions' input by name; a middle stage's hidden states are embeddings.
+    param = model.input(stage_input).get_node()
+    param.set_friendly_name(token_input)
+    param.output(0).get_tensor().set_names({token_input})
+    try:
+        paged_attention_transformation(model)
+    except RuntimeError as exc:
+        raise RuntimeStageError(f"the stage graph does not take PagedAttention: {exc}") from exc
+    names = {p.get_any_name() for p in model.inputs}
+    if LOGITS_INDEX in names:
+        _select_logits_by_token(model)
+    caches = _cache_layers(model)
+    if not caches:
+        raise RuntimeStageError("the PagedAttention graph has no KV block inputs")
+    return PagedGraph(model, token_input, caches)
+
+
+def _select_logits_by_token(model: ov.Model) -> None:
+    """The head selects ``logits_index`` along the sequence axis; after the transformation the positions lie
+    along the first axis (one token per row), so the selection must too, or every position reaches the head."""
+    import openvino.opset13 as ops
+
+    for target in model.input(LOGITS_INDEX).get_target_inputs():
+        gather = target.get_node()
+        if gather.get_type_name() != "Gather" or target.get_index() != 1:
+            raise RuntimeStageError(f"{LOGITS_INDEX} feeds a {gather.get_type_name()}, not a Gather's indices")
+        gather.input(2).replace_source_output(ops.constant(np.array(0, dtype=np.int64)).output(0))
+    model.validate_nodes_and_infer_types()
+
+
+def _cache_layers(model: ov.Model) -> dict[str, tuple[int, str]]:
+    """Which local layer each block input belongs to, read from the names of the key each attention takes."""
+    caches: dict[str, tuple[int, str]] = {}
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "PagedAttentionExtension":
+            continue
+        layer = _layer_of(op.input(1).get_source_output().get_node())
+        for port, kind in ((3, "key"), (4, "value")):
+            caches[op.input(port).get_source_output().get_node().get_friendly_name()] = (layer, kind)
+    return caches
+
+
+def _layer_of(node: ov.Node) -> int:
+    """The decoder layer a key projection's output came from (the traced names hold ``layers.N.``)."""
+    for _ in range(16):
+        found = _LAYER.search(node.get_friendly_name())
+        if found:
+            return int(found.group(1))
+        if node.get_input_size() == 0:
+            break
+        node = node.input(0).get_source_output().get_node()
+    raise RuntimeStageError(f"cannot tell which layer {node.get_friendly_name()} belongs to")
+
+
+class PagedPrefill:
+    """A stage graph compiled for paged long steps; one :class:`PagedStep` per session."""
+
+    def __init__(self, compiled: ov.CompiledModel, graph: PagedGraph, output: str) -> None:
+        """``output``: the stage's output (``logits`` or ``last_hidden_state``)."""
+        self.compiled = compiled
+        self.graph = graph
+        self.output = compiled.output(output)
+        shape = compiled.input(next(iter(graph.caches))).get_partial_shape()
+        if shape.rank.get_length() != 4 or not all(shape[i].is_static for i in (1, 2, 3)):
+            raise RuntimeStageError(f"KV blocks of shape {shape}: expected [blocks, heads, block size, head size]")
+        self.kv_heads, self.block_size, self.head_size = (shape[i].get_length() for i in (1, 2, 3))
+        self.selects_positions = any(p.get_any_name() == LOGITS_INDEX for p in compiled.inputs)
+
+    def new_step(self) -> PagedStep:
+        return PagedStep(self, self.compiled.create_infer_request())
+
+
+class PagedStep:
+    """Runs one session's long steps on the paged compilation, its KV state kept in the session's request."""
+
+    def __init__(self, prefill: PagedPrefill, request: ov.InferRequest) -> None:
+        self.prefill = prefill
+        self.request = request
+
+    def run(
+        self,
+        state_request: ov.InferRequest,
+        kept: np.ndarray,
+        inputs: np.ndarray,
+        positions: np.ndarray,
+        logits_index: np.ndarray | None,
+    ) -> np.ndarray:
+        """Append ``inputs`` (``[1, n]`` ids or ``[1, n, hidden]``) at logical ``positions`` (``[1, n]``) after the
+        ``kept`` physical positions of ``state_request``'s KV state, which then holds exactly those kept positions
+        followed by the new ones (compacted). Returns the output as ``[1, rows, width]``: every position's, or
+        the ``logits_index`` rows of a head."""
+        p = self.prefill
+        n, past = inputs.shape[1], len(kept)
+        blocks = -(-(past + n) // p.block_size)
+        states = {}
+        for state in state_request.query_state():
+            found = _STATE.match(state.name)
+            if found is None:
+                raise RuntimeStageError(f"unexpected KV variable {state.name}")
+            states[(int(found.group(1)), found.group(2))] = state
+        arrays = {}
+        for name, key in p.graph.caches.items():
+            arrays[name] = self._to_blocks(states[key].state.data if past else None, kept, blocks)
+            self.request.set_tensor(name, ov.Tensor(arrays[name], shared_memory=True))
+        feed = {
+            p.graph.token_input: inputs[0],
+            "position_ids": positions.reshape(-1),
+            "past_lens": np.array([past], dtype=np.int32),
+            "subsequence_begins": np.array([0, n], dtype=np.int32),
+            "block_indices": np.arange(blocks, dtype=np.int32),
+            "block_indices_begins": np.array([0, blocks], dtype=np.int32),
+            "max_context_len": np.array(past + n, dtype=np.int32),
+        }
+        if p.selects_positions:
+            feed[LOGITS_INDEX] = logits_index if logits_index is not None else np.arange(n, dtype=np.int64)
+        self.request.infer(feed, share_inputs=True, share_outputs=True)
+        for name, key in p.graph.caches.items():
+            # [blocks, heads, block size, head size] -> [1, heads, positions, head size]
+            kv = arrays[name].transpose(1, 0, 2, 3).reshape(p.kv_heads, blocks * p.block_size, p.head_size)
+            states[key].state = ov.Tensor(np.ascontiguousarray(kv[None, :, : past + n]))
+        out = self.request.get_tensor(p.output).data
+        return out.reshape(1, -1, out.shape[-1])
+
+    def _to_blocks(self, kv: np.ndarray | None, kept: np.ndarray, blocks: int) -> np.ndarray:
+        """A layer's kept positions (``kv``: ``[1, heads, physical, head size]``) laid out as KV blocks."""
+        p = self.prefill
+        flat = np.zeros((p.kv_heads, blocks * p.block_size, p.head_size), dtype=np.float32)
+        if kv is not None:
+            if kv.dtype != np.float32 or kv.ndim != 4:
+                raise RuntimeStageError(f"KV state of {kv.dtype} {kv.shape}: expected f32 [1, heads, positions, size]")
+            flat[:, : len(kept)] = kv[0][:, kept]
+        return np.ascontiguousarray(flat.reshape(p.kv_heads, blocks, p.block_size, p.head_size).transpose(1, 0, 2, 3))
+
+
+def compile_paged_prefill(
+    core: ov.Core, xml: str, stage_input: str, output: str, device: str, props: dict[str, str]
+) -> PagedPrefill:
+    """Read ``xml``, transform it and compile it with ``props`` (its KV blocks in f32: they are plain arrays here)."""
+    graph = paged_graph(core.read_model(xml), stage_input)
+    try:
+        compiled = core.compile_model(graph.model, device, {**props, "KV_CACHE_PRECISION": "f32"})
+    except RuntimeError as exc:
+        raise RuntimeStageError(f"cannot compile the PagedAttention graph on {device}: {exc}") from exc
+    return PagedPrefill(compiled, graph, output)
