@@ -1,11 +1,12 @@
 """Pipelined prefill on real rings (issue 26): a long prompt sent down the ring in chunks leaves every stage's
-KV state as one step would, so the answer is the one-step answer token for token. Checked on the f32 ring
-and on a ring of one-thread int4 agents computing in f32 (``--precision f32``), for a pasted document of
-about 1,000 positions. In the CPU's default precision for int4 (activations quantized to int8 on the fly) a
-step's size changes its rounding: measured on a 1,018-position prompt, the chunked answer's second token
-differed from the one-step answer's (docs/benchmarks.md), as a 3-stage answer may differ from a 1-stage one
-there. The suite (``make test``) runs the f32 ring at 1k; the rest costs minutes of prefill on this 2-core
-machine, so it is marked ``long``: ``pytest -m long tests/integration/test_ring_prefill.py``.
+KV state as one step would, so the answer is the one-step answer token for token. Checked on the f32 ring and on
+a ring of one-thread int4 agents in their default precision (activations quantized on the fly), for pasted
+documents of about 1,000 and 3,000 positions. Each chunk and the one step run on the stages' PagedAttention
+compilations, whose blocks hold bit-identical KV either way (tests/integration/test_paged_prefill.py); before
+them, the SDPA graph's rounding changed with a step's size in the int4 default precision, and a chunked answer's
+second token differed from the one-step answer's on a 1,018-position prompt. The suite (``make test``) runs the
+f32 ring at 1k; the rest costs minutes of prefill on this 2-core machine, so it is marked ``long``:
+``pytest -m long tests/integration/test_ring_prefill.py``.
 """
 
 from __future__ import annotations
@@ -31,11 +32,9 @@ ANSWER_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def ring3_int4_f32(exported: Callable[..., Path], fleet: Fleet, cache_dir: Path) -> Iterator[list[AgentProcess]]:
-    """Three one-thread agents over the int4 3-stage export, computing in f32."""
-    agents = start_ring(
-        exported(3, "int4"), fleet, cache_dir, 3, prefix="int4-f32-node", extra=["--threads", "1", "--precision", "f32"]
-    )
+def ring3_int4_one_thread(exported: Callable[..., Path], fleet: Fleet, cache_dir: Path) -> Iterator[list[AgentProcess]]:
+    """Three one-thread agents over the int4 3-stage export, in the default precision."""
+    agents = start_ring(exported(3, "int4"), fleet, cache_dir, 3, prefix="int4-1t-node", extra=["--threads", "1"])
     yield agents
     for agent in agents:
         agent.stop()
@@ -99,9 +98,9 @@ def _answers(
     [
         pytest.param("ring3", 1000, id="f32-1k"),
         pytest.param("ring3", 3000, marks=pytest.mark.long, id="f32-3k"),
-        # its own ring's compile and a 1k prompt on one thread cost 90 s: left to the long run as well
-        pytest.param("ring3_int4_f32", 1000, marks=pytest.mark.long, id="int4-one-thread-f32-1k"),
-        pytest.param("ring3_int4_f32", 3000, marks=pytest.mark.long, id="int4-one-thread-f32-3k"),
+        # its own ring's compile and prompts on one thread: left to the long run as well
+        pytest.param("ring3_int4_one_thread", 1000, marks=pytest.mark.long, id="int4-one-thread-1k"),
+        pytest.param("ring3_int4_one_thread", 3000, marks=pytest.mark.long, id="int4-one-thread-3k"),
     ],
 )
 def test_a_chunked_prompt_gives_the_one_step_answer(
