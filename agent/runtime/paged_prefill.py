@@ -40,6 +40,8 @@ class PagedGraph:
     """``input_ids`` (``[n]`` ids) or ``inputs_embeds`` (``[n, hidden]``): the step's positions."""
     caches: dict[str, tuple[int, str]]
     """Each ``key_cache.j`` / ``value_cache.j`` input: the stage's local layer and ``key`` or ``value``."""
+    width: int | None
+    """The hidden size of a stage taking hidden states (None: it takes token ids)."""
 
 
 def paged_graph(model: ov.Model, stage_input: str) -> PagedGraph:
@@ -55,6 +57,10 @@ def paged_graph(model: ov.Model, stage_input: str) -> PagedGraph:
         raise RuntimeStageError(f"no paged prefill for a stage taking {stage_input!r}")
     # The transformation finds the positions' input by name; a middle stage's hidden states are embeddings.
     param = model.input(stage_input).get_node()
+    shape = param.get_output_partial_shape(0)
+    width = shape[-1].get_length() if token_input == "inputs_embeds" and shape[-1].is_static else None
+    if token_input == "inputs_embeds" and width is None:
+        raise RuntimeStageError(f"the stage's hidden states have no fixed width ({shape})")
     param.set_friendly_name(token_input)
     param.output(0).get_tensor().set_names({token_input})
     try:
@@ -67,7 +73,7 @@ def paged_graph(model: ov.Model, stage_input: str) -> PagedGraph:
     caches = _cache_layers(model)
     if not caches:
         raise RuntimeStageError("the PagedAttention graph has no KV block inputs")
-    return PagedGraph(model, token_input, caches)
+    return PagedGraph(model, token_input, caches, width)
 
 
 def _select_logits_by_token(model: ov.Model) -> None:
@@ -120,9 +126,20 @@ class PagedPrefill:
             raise RuntimeStageError(f"KV blocks of shape {shape}: expected [blocks, heads, block size, head size]")
         self.kv_heads, self.block_size, self.head_size = (shape[i].get_length() for i in (1, 2, 3))
         self.selects_positions = any(p.get_any_name() == LOGITS_INDEX for p in compiled.inputs)
+        self.empty_blocks = ov.Tensor(np.zeros((1, self.kv_heads, self.block_size, self.head_size), np.float32))
+        """What a request's block inputs hold between steps (one block, shared)."""
 
     def new_step(self) -> PagedStep:
         return PagedStep(self, self.compiled.create_infer_request())
+
+    def warm_up(self) -> None:
+        """One position through a throwaway request. The CPU plugin prepares a compilation's weights on its first
+        inference (about 11 s for Qwen2.5-Coder-1.5B int4 on one AVX2 thread), which would otherwise land on the
+        first prompt."""
+        width = self.graph.width
+        first = np.zeros((1, 1), dtype=np.int64) if width is None else np.zeros((1, 1, width), dtype=np.float32)
+        step = PagedStep(self, self.compiled.create_infer_request())
+        step.infer({name: step.to_blocks(None, np.zeros(0, np.int64), 1) for name in self.graph.caches}, first, 0)
 
 
 class PagedStep:
@@ -153,13 +170,34 @@ class PagedStep:
             if found is None:
                 raise RuntimeStageError(f"unexpected KV variable {state.name}")
             states[(int(found.group(1)), found.group(2))] = state
-        arrays = {}
+        arrays = {
+            name: self.to_blocks(states[key].state.data if past else None, kept, blocks)
+            for name, key in p.graph.caches.items()
+        }
+        out = self.infer(arrays, inputs, past, positions, logits_index)
         for name, key in p.graph.caches.items():
-            arrays[name] = self._to_blocks(states[key].state.data if past else None, kept, blocks)
-            self.request.set_tensor(name, ov.Tensor(arrays[name], shared_memory=True))
+            # [blocks, heads, block size, head size] -> [1, heads, positions, head size]
+            kv = arrays[name].transpose(1, 0, 2, 3).reshape(p.kv_heads, blocks * p.block_size, p.head_size)
+            states[key].state = ov.Tensor(np.ascontiguousarray(kv[None, :, : past + n]))
+        return out
+
+    def infer(
+        self,
+        arrays: dict[str, np.ndarray],
+        inputs: np.ndarray,
+        past: int,
+        positions: np.ndarray | None = None,
+        logits_index: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """One step on KV blocks ``arrays`` (each ``[blocks, heads, block size, head size]``, ``past`` positions
+        filled; the step's own are written in). Positions default to ``past`` on; the output is ``[1, rows, width]``."""
+        p = self.prefill
+        n, blocks = inputs.shape[1], next(iter(arrays.values())).shape[0]
+        for name, layer_blocks in arrays.items():
+            self.request.set_tensor(name, ov.Tensor(layer_blocks, shared_memory=True))
         feed = {
             p.graph.token_input: inputs[0],
-            "position_ids": positions.reshape(-1),
+            "position_ids": np.arange(past, past + n) if positions is None else positions.reshape(-1),
             "past_lens": np.array([past], dtype=np.int32),
             "subsequence_begins": np.array([0, n], dtype=np.int32),
             "block_indices": np.arange(blocks, dtype=np.int32),
@@ -169,14 +207,13 @@ class PagedStep:
         if p.selects_positions:
             feed[LOGITS_INDEX] = logits_index if logits_index is not None else np.arange(n, dtype=np.int64)
         self.request.infer(feed, share_inputs=True, share_outputs=True)
-        for name, key in p.graph.caches.items():
-            # [blocks, heads, block size, head size] -> [1, heads, positions, head size]
-            kv = arrays[name].transpose(1, 0, 2, 3).reshape(p.kv_heads, blocks * p.block_size, p.head_size)
-            states[key].state = ov.Tensor(np.ascontiguousarray(kv[None, :, : past + n]))
+        for name in arrays:
+            # the request would keep the blocks alive until the session's next long step
+            self.request.set_tensor(name, p.empty_blocks)
         out = self.request.get_tensor(p.output).data
         return out.reshape(1, -1, out.shape[-1])
 
-    def _to_blocks(self, kv: np.ndarray | None, kept: np.ndarray, blocks: int) -> np.ndarray:
+    def to_blocks(self, kv: np.ndarray | None, kept: np.ndarray, blocks: int) -> np.ndarray:
         """A layer's kept positions (``kv``: ``[1, heads, physical, head size]``) laid out as KV blocks."""
         p = self.prefill
         flat = np.zeros((p.kv_heads, blocks * p.block_size, p.head_size), dtype=np.float32)

@@ -178,6 +178,7 @@ class CompiledStage:
                 self.paged_prefill = compile_paged_prefill(
                     self.core, str(xml), graph.inputs[0], graph.outputs[0], self.device, prefill_props
                 )
+                self.paged_prefill.warm_up()
             except RuntimeStageError as exc:
                 log.warning("%s: long steps stay on the decode compilation: %s", graph.name, exc)
         elif config.fast_prefill:
