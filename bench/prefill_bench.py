@@ -25,7 +25,8 @@ same ids: the bench checks that before it starts, and each answer's prompt size 
 Time to the first token: from the start of the request to the first greedy token (one new token). In-process
 configurations time it inside their process (``bench.worker``; genai by its own perf metrics), the rings at the
 client, the chat agent's tokenizing and its ring session's opening included. Each configuration first answers a
-short prompt, untimed (its first inference), then each of ``--runs`` rounds asks every length, shortest first.
+prompt of ``WARMUP_TOKENS``, untimed (its first inferences), then each of ``--runs`` rounds asks every
+length, shortest first.
 
 Goals (issue 26): 1-stage at most 1.1x genai's time and 1.5x torch's; the 3-agent ring with pipelined prefill at
 most 0.6x the 1-stage time where each stage has its own core.
@@ -61,7 +62,9 @@ WORKER_KINDS = {"genai": "mono", "torch": "torch", "1-stage": "shoal", "1-stage-
 NOT_SHOAL = ("genai", "torch")
 PIPELINED = "-pipelined"
 DEFAULT_LENGTHS = (512, 2048, 4096)
-WARMUP_TOKENS = 16
+WARMUP_TOKENS = 256
+"""The untimed first answer's prompt: long enough for shoal's paged compilation (made on the first step of at least
+``agent.runtime.session.PAGED_MIN_POSITIONS`` positions), so that no timed prompt carries its one-time cost."""
 HF_FOLDER = "hf-fp32"
 """The Hugging Face folder of a GGUF checkpoint in the model's bench cache (torch runs on it)."""
 GOALS = (("1-stage", "genai", 1.1), ("1-stage", "torch", 1.5), ("ring3-pipelined", "1-stage", 0.6))

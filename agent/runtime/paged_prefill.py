@@ -132,15 +132,6 @@ class PagedPrefill:
     def new_step(self) -> PagedStep:
         return PagedStep(self, self.compiled.create_infer_request())
 
-    def warm_up(self) -> None:
-        """One position through a throwaway request. The CPU plugin prepares a compilation's weights on its first
-        inference (about 11 s for Qwen2.5-Coder-1.5B int4 on one AVX2 thread), which would otherwise land on the
-        first prompt."""
-        width = self.graph.width
-        first = np.zeros((1, 1), dtype=np.int64) if width is None else np.zeros((1, 1, width), dtype=np.float32)
-        step = PagedStep(self, self.compiled.create_infer_request())
-        step.infer({name: step.to_blocks(None, np.zeros(0, np.int64), 1) for name in self.graph.caches}, first, 0)
-
 
 class PagedStep:
     """Runs one session's long steps on the paged compilation, its KV state kept in the session's request."""

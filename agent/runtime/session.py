@@ -21,8 +21,10 @@ from agent.errors import RuntimeStageError
 from agent.runtime.paged_prefill import PagedStep
 from shards.manifest import LOGITS_INDEX
 
-# A step this long is a prompt (or a new chat turn), never a speculative step (K <= 16 drafts + 1).
-PREFILL_MIN_POSITIONS = 18
+PAGED_MIN_POSITIONS = 128
+"""Steps of at least this many positions run on the paged compilation. A speculative step (K <= 16 drafts + 1)
+never does; a short chat prompt gains nothing there (attention is a small part of its cost) and would make the
+stage compile a second graph."""
 
 
 class StageSession:
@@ -36,17 +38,20 @@ class StageSession:
         *,
         holds_head: bool = False,
         selects_positions: bool = False,
-        paged: PagedStep | None = None,
-        prefill_min_positions: int = PREFILL_MIN_POSITIONS,
+        paged: Callable[[], PagedStep | None] | None = None,
+        paged_min_positions: int = PAGED_MIN_POSITIONS,
         compact_rewind: bool = False,
     ) -> None:
         """``holds_head``: the graph ends in logits; ``selects_positions``: it also takes ``logits_index``
-        (a head graph of format 2 on); ``paged``: the paged compilation that steps of at least
-        ``prefill_min_positions`` run on, the KV state moved across;
+        (a head graph of format 2 on); ``paged``: makes this session's access to the paged compilation that
+        steps of at least ``paged_min_positions`` run on, the KV state moved across (called on the first such
+        step; None from it: they stay here);
         ``compact_rewind``: rewinds drop positions from the state (a copy) instead of masking them."""
         self._request = request
-        self._paged = paged
-        self._prefill_min = prefill_min_positions
+        self._make_paged = paged
+        self._paged: PagedStep | None = None
+        self._paged_min = paged_min_positions
+        self._wrap: Callable[[ov.InferRequest], ov.InferRequest] | None = None
         self._input_name = input_name
         self._output = output
         self._holds_head = holds_head
@@ -64,6 +69,7 @@ class StageSession:
         InferRequests (the paged one too): a stand-in that passes every call on to the request it wraps,
         and times ``infer``, say (as the benchmark harness does). Sessions never wrapped are unchanged."""
         self._request = wrap(self._request)
+        self._wrap = wrap
         if self._paged is not None:
             self._paged.request = wrap(self._paged.request)
 
@@ -97,8 +103,15 @@ class StageSession:
             grown = np.zeros((1, max(end, 2 * self._mask.shape[1])), dtype=np.int64)
             grown[:, : self._physical] = self._mask[:, : self._physical]
             self._mask = grown
-        if self._paged is not None and n >= self._prefill_min:
-            return self._paged_step(self._paged, inputs, positions, last_only)
+        if n >= self._paged_min and self._make_paged is not None:
+            if self._paged is None:
+                self._paged = self._make_paged()
+                if self._paged is None:
+                    self._make_paged = None
+                elif self._wrap is not None:
+                    self._paged.request = self._wrap(self._paged.request)
+            if self._paged is not None:
+                return self._paged_step(self._paged, inputs, positions, last_only)
         self._mask[0, self._physical : end] = 1
         feed = {
             self._input_name: inputs,

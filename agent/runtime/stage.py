@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import openvino as ov
 
 from agent.errors import RuntimeStageError
 from agent.runtime.config import KNOWN_DEVICES, RuntimeConfig
-from agent.runtime.paged_prefill import PagedPrefill, compile_paged_prefill
+from agent.runtime.paged_prefill import PagedPrefill, PagedStep, compile_paged_prefill
 from agent.runtime.pipeline import PipelineSession
 from agent.runtime.protocol import new_sessions
 from agent.runtime.session import StageSession
@@ -170,17 +172,13 @@ class CompiledStage:
             self.compiled = self.core.compile_model(str(xml), self.device, props)
         except RuntimeError as exc:
             raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
-        self.paged_prefill: PagedPrefill | None = None
+        self._paged_prefill: PagedPrefill | None = None
+        self._paged_props: dict[str, str] | None = None
         if pages_prefill(self.device, config):
             fast = splits_prefill(self.device, weights, config, default)
-            prefill_props = compile_properties(self.device, weights, config, prefill=fast, default_precision=default)
-            try:
-                self.paged_prefill = compile_paged_prefill(
-                    self.core, str(xml), graph.inputs[0], graph.outputs[0], self.device, prefill_props
-                )
-                self.paged_prefill.warm_up()
-            except RuntimeStageError as exc:
-                log.warning("%s: long steps stay on the decode compilation: %s", graph.name, exc)
+            self._paged_props = compile_properties(
+                self.device, weights, config, prefill=fast, default_precision=default
+            )
         elif config.fast_prefill:
             log.info(
                 "%s: no prefill compilation on %s (prefill attention %s)",
@@ -188,6 +186,8 @@ class CompiledStage:
                 self.device,
                 config.prefill_attention,
             )
+        self._xml = xml
+        self._paged_lock = threading.Lock()
         self.exact_speculation = None if drafts else speculation_is_exact(self.device, weights, config)
         self.wire_dtype = "f16" if _compiled_precision(self.compiled) == "f16" else "f32"
         """What this stage's hidden states cross the wire in when not told (``auto``): f16 where the device
@@ -209,6 +209,27 @@ class CompiledStage:
                 config.threads or "all",
             )
 
+    def paged_prefill(self) -> PagedPrefill | None:
+        """The paged compilation long steps run on, compiled on the first call (a stage that never sees a long
+        prompt never pays for it: about 1 s per SmolLM2 stage here); None where there is none, or it failed
+        (logged once; long steps then stay on the decode compilation)."""
+        with self._paged_lock:
+            if self._paged_props is not None and self._paged_prefill is None:
+                props, self._paged_props = self._paged_props, None
+                started = time.perf_counter()
+                try:
+                    self._paged_prefill = compile_paged_prefill(
+                        self.core, str(self._xml), self.graph.inputs[0], self.graph.outputs[0], self.device, props
+                    )
+                    log.info("%s: paged prefill compiled in %.1f s", self.graph.name, time.perf_counter() - started)
+                except RuntimeStageError as exc:
+                    log.warning("%s: long steps stay on the decode compilation: %s", self.graph.name, exc)
+            return self._paged_prefill
+
+    def _paged_step(self) -> PagedStep | None:
+        prefill = self.paged_prefill()
+        return prefill.new_step() if prefill is not None else None
+
     def new_session(self) -> StageSession:
         """A fresh KV state for one conversation."""
         output = self.graph.outputs[0]
@@ -218,7 +239,7 @@ class CompiledStage:
             self.compiled.output(output),
             holds_head=self.graph.head,
             selects_positions=LOGITS_INDEX in self.graph.inputs,
-            paged=self.paged_prefill.new_step() if self.paged_prefill is not None else None,
+            paged=self._paged_step,
             compact_rewind=self.compact_rewind,
         )
 

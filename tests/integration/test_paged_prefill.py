@@ -48,18 +48,17 @@ def _document(length: int, seed: int = 7) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(100, 40000, size=length)]
 
 
-def test_a_paged_long_step_gives_the_sdpa_graphs_logits(
-    exported: Callable[..., Path], cache_dir: Path, chat_ids: list[list[int]]
-) -> None:
+def test_a_paged_long_step_gives_the_sdpa_graphs_logits(exported: Callable[..., Path], cache_dir: Path) -> None:
     """In f32 the two attention kernels differ only in rounding (about 3e-5 here); a state that failed to cross
     would move the next logits by whole units, as leaving the prompt out does."""
     folder = exported(1, "int4")
     ov_cache = cache_dir / "ov"
     paged = _stages(folder, precision="f32", cache_dir=ov_cache)
     sdpa = _stages(folder, precision="f32", cache_dir=ov_cache, prefill_attention="sdpa")
-    assert paged[0].paged_prefill is not None and sdpa[0].paged_prefill is None
-    prompt, turn = chat_ids[0], chat_ids[1]
+    assert sdpa[0].paged_prefill() is None
+    prompt, turn = _document(400), _document(200, seed=8)
     want, got = _logits(sdpa, [prompt], turn), _logits(paged, [prompt], turn)
+    assert paged[0].paged_prefill() is not None
     assert [int(np.argmax(g)) for g in got] == [int(np.argmax(w)) for w in want]
     assert _distance(got, want) <= 1e-3
     lost = _logits(sdpa, [turn], turn)
@@ -84,7 +83,7 @@ def test_rejected_drafts_stay_out_of_a_paged_step(exported: Callable[..., Path],
     """A session that masked rejected drafts (the rewind f32 uses) hands only its kept positions to the paged step:
     the next turn's logits are those of a session that cut the drafts out of its state, bit for bit."""
     folder = exported(1, "int4")
-    document, turn, drafts = _document(300), _document(40, seed=8), [3575, 28, 11]
+    document, turn, drafts = _document(300), _document(200, seed=8), [3575, 28, 11]
 
     def turn_logits(rewind: str, rejected: int) -> list[np.ndarray]:
         stages = _stages(folder, threads=2, precision="f32", rewind=rewind, cache_dir=cache_dir / "ov")
@@ -103,7 +102,6 @@ def test_rejected_drafts_stay_out_of_a_paged_step(exported: Callable[..., Path],
 def test_fast_prefill_computes_prompts_in_the_default_precision(
     exported: Callable[..., Path],
     cache_dir: Path,
-    chat_ids: list[list[int]],
     record_property: Callable[[str, object], None],
 ) -> None:
     """``fast_prefill``: the paged compilation runs in the CPU's default precision (bf16 where the CPU has it),
@@ -114,11 +112,11 @@ def test_fast_prefill_computes_prompts_in_the_default_precision(
     default = default_inference_precision(ov.Core(), "CPU")
     record_property("cpu_default_precision", default)
     fast = _stages(folder, cache_dir=ov_cache, fast_prefill=True)
-    paged = fast[0].paged_prefill
+    paged = fast[0].paged_prefill()
     assert paged is not None
     assert paged.compiled.get_property("INFERENCE_PRECISION_HINT").to_string() == default
     single = _stages(folder, cache_dir=ov_cache)
-    prompt, turn = chat_ids[0], chat_ids[1]
+    prompt, turn = _document(400), _document(200, seed=8)
     got, want = _logits(fast, [prompt], turn), _logits(single, [prompt], turn)
     rounded = _logits(_stages(folder, cache_dir=ov_cache, precision=default), [prompt], turn)
     worst, rounding = _distance(got, want), _distance(rounded, want)
