@@ -34,10 +34,10 @@ class RuntimeConfig:
     is cut into stages: only ``f32`` makes a split int4/int8 export token-identical to its 1-stage export."""
     prefill_attention: str = "paged"
     """What long steps (prompts) attend through (``PREFILL_ATTENTIONS``). ``paged``, on the CPU: a second
-    compilation of the stage graph with OpenVINO's PagedAttention, the KV state moved across
-    (``agent.runtime.paged_prefill``): 2.0x faster than the SDPA graph on a 2,048-token prompt on a 2-core
-    AVX2 EPYC (docs/benchmarks.md), for a second copy of the stage's packed weights in memory. ``sdpa``: every
-    step on the one compilation (other devices always)."""
+    compilation of the stage graph with OpenVINO's PagedAttention, made on the stage's first long step, the KV
+    state moved across (``agent.runtime.paged_prefill``): 2.0x faster than the SDPA graph on a 2,048-token
+    prompt on a 2-core AVX2 EPYC (docs/benchmarks.md), for a second copy of the stage's packed weights in
+    memory. ``sdpa``: every step on the one compilation (other devices always)."""
     fast_prefill: bool = False
     """With ``auto`` on the CPU and int4/int8 weights: the paged prefill compilation computes in the plugin's
     default precision. bf16 prefill was 1.6x (500 prompt tokens) to 2.5-3x (2,000) faster on a 2-core Xeon VM

@@ -7,11 +7,12 @@ half included. Measured on a 2-core AVX2 EPYC, one thread, SmolLM2 int4 at 2,048
 16 s step (docs/benchmarks.md). The plugin's PagedAttention kernel, the one ``openvino_genai`` prefills with,
 took 1.6 s for the same attention.
 
-So a CPU stage also compiles its graph after OpenVINO's own SDPA-to-PagedAttention transformation. A long
-step runs there: the session's kept positions are copied from the state into KV blocks, the step appends
-its own, and the blocks go back into the state, compacted. The logits agree with the SDPA graph's to about
-3e-5 in f32, and a prompt sent in chunks leaves the same blocks as one step (tests/integration/
-test_paged_prefill.py). Decoding, drafts and rewinds stay on the SDPA graph.
+So a CPU stage also compiles its graph after OpenVINO's own SDPA-to-PagedAttention transformation, on its first
+long step (``agent.runtime.session.PAGED_MIN_POSITIONS``). A long step runs there: the session's kept positions
+are copied from the state into KV blocks, the step appends its own, and the blocks go back into the state,
+compacted. The logits agree with the SDPA graph's to about 3e-5 in f32, and a prompt sent in chunks leaves the
+same blocks as one step (tests/integration/test_paged_prefill.py). Decoding, drafts and rewinds stay on the SDPA
+graph.
 """
 
 from __future__ import annotations
