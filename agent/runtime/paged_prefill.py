@@ -147,12 +147,12 @@ class PagedStep:
         kept: np.ndarray,
         inputs: np.ndarray,
         positions: np.ndarray,
-        logits_index: np.ndarray | None,
+        logits_index: np.ndarray,
     ) -> np.ndarray:
         """Append ``inputs`` (``[1, n]`` ids or ``[1, n, hidden]``) at logical ``positions`` (``[1, n]``) after the
         ``kept`` physical positions of ``state_request``'s KV state, which then holds exactly those kept positions
         followed by the new ones (compacted). Returns the output as ``[1, rows, width]``: every position's, or
-        the ``logits_index`` rows of a head."""
+        the ``logits_index`` rows of a head (a stage without the head ignores them)."""
         p = self.prefill
         n, past = inputs.shape[1], len(kept)
         blocks = -(-(past + n) // p.block_size)
@@ -163,33 +163,33 @@ class PagedStep:
                 raise RuntimeStageError(f"unexpected KV variable {state.name}")
             states[(int(found.group(1)), found.group(2))] = state
         arrays = {
-            name: self.to_blocks(states[key].state.data if past else None, kept, blocks)
+            name: self._to_blocks(states[key].state.data if past else None, kept, blocks)
             for name, key in p.graph.caches.items()
         }
-        out = self.infer(arrays, inputs, past, positions, logits_index)
+        out = self._infer(arrays, inputs, past, positions, logits_index)
         for name, key in p.graph.caches.items():
             # [blocks, heads, block size, head size] -> [1, heads, positions, head size]
             kv = arrays[name].transpose(1, 0, 2, 3).reshape(p.kv_heads, blocks * p.block_size, p.head_size)
             states[key].state = ov.Tensor(np.ascontiguousarray(kv[None, :, : past + n]))
         return out
 
-    def infer(
+    def _infer(
         self,
         arrays: dict[str, np.ndarray],
         inputs: np.ndarray,
         past: int,
-        positions: np.ndarray | None = None,
-        logits_index: np.ndarray | None = None,
+        positions: np.ndarray,
+        logits_index: np.ndarray,
     ) -> np.ndarray:
         """One step on KV blocks ``arrays`` (each ``[blocks, heads, block size, head size]``, ``past`` positions
-        filled; the step's own are written in). Positions default to ``past`` on; the output is ``[1, rows, width]``."""
+        filled; the step's own are written in); the output as ``[1, rows, width]``."""
         p = self.prefill
         n, blocks = inputs.shape[1], next(iter(arrays.values())).shape[0]
         for name, layer_blocks in arrays.items():
             self.request.set_tensor(name, ov.Tensor(layer_blocks, shared_memory=True))
         feed = {
             p.graph.token_input: inputs[0],
-            "position_ids": np.arange(past, past + n) if positions is None else positions.reshape(-1),
+            "position_ids": positions.reshape(-1),
             "past_lens": np.array([past], dtype=np.int32),
             "subsequence_begins": np.array([0, n], dtype=np.int32),
             "block_indices": np.arange(blocks, dtype=np.int32),
@@ -197,7 +197,7 @@ class PagedStep:
             "max_context_len": np.array(past + n, dtype=np.int32),
         }
         if p.selects_positions:
-            feed[LOGITS_INDEX] = logits_index if logits_index is not None else np.arange(n, dtype=np.int64)
+            feed[LOGITS_INDEX] = logits_index
         self.request.infer(feed, share_inputs=True, share_outputs=True)
         for name in arrays:
             # the request would keep the blocks alive until the session's next long step
@@ -205,7 +205,7 @@ class PagedStep:
         out = self.request.get_tensor(p.output).data
         return out.reshape(1, -1, out.shape[-1])
 
-    def to_blocks(self, kv: np.ndarray | None, kept: np.ndarray, blocks: int) -> np.ndarray:
+    def _to_blocks(self, kv: np.ndarray | None, kept: np.ndarray, blocks: int) -> np.ndarray:
         """A layer's kept positions (``kv``: ``[1, heads, physical, head size]``) laid out as KV blocks."""
         p = self.prefill
         flat = np.zeros((p.kv_heads, blocks * p.block_size, p.head_size), dtype=np.float32)

@@ -103,15 +103,9 @@ class StageSession:
             grown = np.zeros((1, max(end, 2 * self._mask.shape[1])), dtype=np.int64)
             grown[:, : self._physical] = self._mask[:, : self._physical]
             self._mask = grown
-        if n >= self._paged_min and self._make_paged is not None:
-            if self._paged is None:
-                self._paged = self._make_paged()
-                if self._paged is None:
-                    self._make_paged = None
-                elif self._wrap is not None:
-                    self._paged.request = self._wrap(self._paged.request)
-            if self._paged is not None:
-                return self._paged_step(self._paged, inputs, positions, last_only)
+        paged = self._paged_for(n)
+        if paged is not None:
+            return self._paged_step(paged, inputs, positions, last_only)
         self._mask[0, self._physical : end] = 1
         feed = {
             self._input_name: inputs,
@@ -127,11 +121,23 @@ class StageSession:
         self._logical += n
         return self._last_only(self._request.get_tensor(self._output).data, last_only)
 
+    def _paged_for(self, n: int) -> PagedStep | None:
+        """The paged compilation a step of ``n`` positions runs on, made on the first long step; None: this one."""
+        if n < self._paged_min or self._make_paged is None:
+            return None
+        if self._paged is None:
+            self._paged = self._make_paged()
+            if self._paged is None:
+                self._make_paged = None  # there is none: never ask again
+            elif self._wrap is not None:
+                self._paged.request = self._wrap(self._paged.request)
+        return self._paged
+
     def _paged_step(self, paged: PagedStep, inputs: np.ndarray, positions: np.ndarray, last_only: bool) -> np.ndarray:
         """A long step on the paged compilation: the state comes back holding only kept positions."""
         n = inputs.shape[1]
         kept = np.flatnonzero(self._mask[0, : self._physical])
-        index = np.arange(n - 1 if last_only else 0, n, dtype=np.int64) if self._selects_positions else None
+        index = np.arange(n - 1 if last_only else 0, n, dtype=np.int64)
         out = paged.run(self._request, kept, inputs, positions, index)
         length = len(kept) + n
         self._mask[0, :length] = 1

@@ -226,7 +226,7 @@ class CompiledStage:
                     log.warning("%s: long steps stay on the decode compilation: %s", self.graph.name, exc)
             return self._paged_prefill
 
-    def _paged_step(self) -> PagedStep | None:
+    def _new_paged_step(self) -> PagedStep | None:
         prefill = self.paged_prefill()
         return prefill.new_step() if prefill is not None else None
 
@@ -239,7 +239,7 @@ class CompiledStage:
             self.compiled.output(output),
             holds_head=self.graph.head,
             selects_positions=LOGITS_INDEX in self.graph.inputs,
-            paged=self._paged_step,
+            paged=self._new_paged_step,
             compact_rewind=self.compact_rewind,
         )
 
