@@ -9,8 +9,9 @@ Configurations, each in fresh processes of its own, one inference thread per pro
   one, kept in the bench cache), the reference a user could fall back to: one forward over the prompt, computing
   the last position's logits only (as ``generate`` does);
 - ``1-stage``: shoal's 1-stage int4 export in one process (``LocalPipeline``), prompts through its PagedAttention
-  compilation (the default on the CPU); ``1-stage-sdpa`` the same with ``prefill_attention="sdpa"``, every step on
-  the SDPA graph (how shoal prefilled before);
+  compilation in the CPU's default precision (the defaults); ``1-stage-f32`` the same in f32 activations
+  (``fast_prefill=False``, the default before 2026-12-05; the same as ``1-stage`` on a CPU without bf16);
+  ``1-stage-sdpa`` every step on the SDPA graph in f32 activations (how shoal prefilled before 2026-12-04);
 - ``ringN`` and ``ringN-pipelined``: a ring of N agents (``shoal agent --threads 1``): the agent of stage 0 heads
   chats (on the head core), one agent serves each further stage (``--agent-core``). It is asked through its chat
   endpoint (``shoal ask``'s client) and sends the prompt through the ring as one step (``--prefill-chunk 0``) or
@@ -56,8 +57,20 @@ from bench.worker import RunSpec, WorkerProcess
 if TYPE_CHECKING:
     from agent.chat.endpoint import ChatEndpoint
 
-CONFIGS = ("genai", "torch", "1-stage", "1-stage-sdpa", "ring2", "ring2-pipelined", "ring3", "ring3-pipelined")
-WORKER_KINDS = {"genai": "mono", "torch": "torch", "1-stage": "shoal", "1-stage-sdpa": "shoal"}
+CONFIGS = (
+    "genai",
+    "torch",
+    "1-stage",
+    "1-stage-f32",
+    "1-stage-sdpa",
+    "ring2",
+    "ring2-pipelined",
+    "ring3",
+    "ring3-pipelined",
+)
+WORKER_KINDS = {"genai": "mono", "torch": "torch", "1-stage": "shoal", "1-stage-f32": "shoal", "1-stage-sdpa": "shoal"}
+SHOAL_PREFILLS = {"1-stage": ("paged", True), "1-stage-f32": ("paged", False), "1-stage-sdpa": ("sdpa", False)}
+"""Each in-process shoal configuration's ``RuntimeConfig.prefill_attention`` and ``fast_prefill``."""
 """The configurations that run in one ``bench.worker`` process, and the worker's kind for each."""
 NOT_SHOAL = ("genai", "torch")
 PIPELINED = "-pipelined"
@@ -238,8 +251,8 @@ def _in_process(config: str, model_dir: Path, m: Measuring, results: list[Prefil
     """A configuration in one ``bench.worker`` process pinned to the head core."""
     # tokens and warmup_tokens serve only the worker's `run` command, which this bench does not send
     core = m.settings.head_core
-    attention = "sdpa" if config == "1-stage-sdpa" else "paged"
-    spec = RunSpec(WORKER_KINDS[config], str(model_dir), m.warmup.ids, 2, 1, core, str(m.ov_cache), attention)
+    attention, fast = SHOAL_PREFILLS.get(config, ("paged", True))
+    spec = RunSpec(WORKER_KINDS[config], str(model_dir), m.warmup.ids, 2, 1, core, str(m.ov_cache), attention, fast)
     _progress(f"{config}: loading it in a process on core {core}")
     with contextlib.closing(WorkerProcess(config, spec)) as worker:
         worker.prefill(m.warmup.ids)
@@ -447,8 +460,9 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
         "token; time from the start of the request to that token, after an untimed answer to a "
         f"{WARMUP_TOKENS}-token prompt in the same processes. genai: `openvino_genai.LLMPipeline` (prefix caching "
         "off) on the optimum-intel int4 export; torch: transformers float32 on the dequantized checkpoint, one "
-        "forward; 1-stage: shoal's 1-stage int4 export in one process (1-stage-sdpa: its prompts on the SDPA graph, "
-        "not the PagedAttention one); ringN: N agents, the chat agent (stage 0) "
+        "forward; 1-stage: shoal's 1-stage int4 export in one process, its defaults (1-stage-f32: prompts in f32 "
+        "activations, not the CPU's default precision; 1-stage-sdpa: also on the SDPA graph, not the PagedAttention "
+        "one); ringN: N agents, the chat agent (stage 0) "
         "asked through its endpoint, the prompt sent as one step (`--prefill-chunk 0`) or, `-pipelined`, in "
         f"chunks of at most {settings['prefill_chunk']} positions.",
         "",

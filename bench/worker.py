@@ -54,6 +54,8 @@ class RunSpec:
     """OpenVINO compiled-model cache (shortens loading only; inference is unaffected)."""
     prefill_attention: str = "paged"
     """``shoal``: what its prompts attend through (``RuntimeConfig.prefill_attention``)."""
+    fast_prefill: bool = True
+    """``shoal``: prompts in the CPU's default precision (``RuntimeConfig.fast_prefill``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -176,7 +178,13 @@ class ShoalRunner:
         self.pipeline = LocalPipeline(
             export_dir,
             self.manifest,
-            RuntimeConfig(device="CPU", threads=1, cache_dir=cache, prefill_attention=spec.prefill_attention),
+            RuntimeConfig(
+                device="CPU",
+                threads=1,
+                cache_dir=cache,
+                prefill_attention=spec.prefill_attention,
+                fast_prefill=spec.fast_prefill,
+            ),
         )
         self.load_s = time.perf_counter() - start
 

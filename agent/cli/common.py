@@ -21,6 +21,11 @@ PREFILL_ATTENTION_HELP = (
     "what prompts attend through on the CPU: paged (a PagedAttention compilation, about twice as fast on long "
     "prompts, a second copy of the stage's weights in memory; default) or sdpa (the decode compilation)"
 )
+FAST_PREFILL_HELP = (
+    "int4/int8 on a CPU computing in bf16: prompts in its default precision on their paged compilation (on a "
+    "Xeon with AMX several times faster than the decode's f32 activations; default), or, with --no-fast-prefill, "
+    "in f32 activations like decoding"
+)
 
 
 def identity_dir(explicit: Path | None, data_dir: Path) -> Path:

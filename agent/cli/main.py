@@ -13,7 +13,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.cli.common import EXPORT_MODULES, PREFILL_ATTENTION_HELP, REWIND_HELP, layer_counts, require_extra
+from agent.cli.common import (
+    EXPORT_MODULES,
+    FAST_PREFILL_HELP,
+    PREFILL_ATTENTION_HELP,
+    REWIND_HELP,
+    layer_counts,
+    require_extra,
+)
 from agent.errors import ShoalError
 from agent.head.drafters import DRAFTERS
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
@@ -81,11 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="inference precision (f32: token-identical across stage splits, slower)",
     )
-    p.add_argument(
-        "--fast-prefill",
-        action="store_true",
-        help="prompts computed in the CPU's default precision (int4/int8, CPUs with bf16): faster prefill",
-    )
+    p.add_argument("--fast-prefill", action=argparse.BooleanOptionalAction, default=True, help=FAST_PREFILL_HELP)
     p.add_argument("--prefill-attention", choices=PREFILL_ATTENTIONS, default="paged", help=PREFILL_ATTENTION_HELP)
     p.add_argument("--rewind", choices=REWINDS, default="auto", help=REWIND_HELP)
     p.add_argument("--no-verify", action="store_true", help="skip checking file hashes against the manifest")
@@ -188,12 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="AUTO, CPU, GPU or NPU")
     p.add_argument("--threads", type=int, default=None, help="CPU inference threads")
     p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default=None)
-    p.add_argument(
-        "--fast-prefill",
-        action="store_true",
-        default=None,
-        help="prompts computed in the CPU's default precision (int4/int8, CPUs with bf16): faster prefill",
-    )
+    p.add_argument("--fast-prefill", action=argparse.BooleanOptionalAction, default=None, help=FAST_PREFILL_HELP)
     p.add_argument("--prefill-attention", choices=PREFILL_ATTENTIONS, default=None, help=PREFILL_ATTENTION_HELP)
     p.add_argument("--rewind", choices=REWINDS, default=None, help=REWIND_HELP)
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")

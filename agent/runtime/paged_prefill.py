@@ -33,6 +33,39 @@ _STATE = re.compile(r"past_key_values\.(\d+)\.(key|value)")
 
 
 @dataclass(frozen=True)
+class BlockPrecision:
+    """How KV blocks of one element type are held in numpy and crossed to and from the (f32) OpenVINO state."""
+
+    name: str
+    """The ``KV_CACHE_PRECISION`` value (``f32``, ``bf16``, ``f16``)."""
+    element_type: ov.Type
+    dtype: type[np.generic]
+    """What numpy holds a block's values in (bf16: their bit patterns, as ``uint16``)."""
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """f32 values in this precision, rounded to the nearest (ties to even, as the plugin converts)."""
+        if self.element_type != ov.Type.bf16:
+            return values.astype(self.dtype)
+        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+    def decode(self, blocks: np.ndarray) -> np.ndarray:
+        """The values as f32 (exact: every value of these precisions is one in f32)."""
+        if self.element_type != ov.Type.bf16:
+            return blocks.astype(np.float32)
+        return (blocks.astype(np.uint32) << 16).view(np.float32)
+
+
+BLOCK_PRECISIONS = {
+    "f32": BlockPrecision("f32", ov.Type.f32, np.float32),
+    "bf16": BlockPrecision("bf16", ov.Type.bf16, np.uint16),
+    "f16": BlockPrecision("f16", ov.Type.f16, np.float16),
+}
+"""The CPU plugin's PagedAttention wants its KV blocks in the precision it computes in (measured with OpenVINO
+2026.4 on a Xeon with AMX: bf16 compute refused f32 blocks)."""
+
+
+@dataclass(frozen=True)
 class PagedGraph:
     """A stage graph after the SDPA-to-PagedAttention transformation, and where each layer's KV blocks enter."""
 
@@ -126,9 +159,19 @@ class PagedPrefill:
         if shape.rank.get_length() != 4 or not all(shape[i].is_static for i in (1, 2, 3)):
             raise RuntimeStageError(f"KV blocks of shape {shape}: expected [blocks, heads, block size, head size]")
         self.kv_heads, self.block_size, self.head_size = (shape[i].get_length() for i in (1, 2, 3))
+        block_type = compiled.input(next(iter(graph.caches))).get_element_type()
+        found = [b for b in BLOCK_PRECISIONS.values() if b.element_type == block_type]
+        if not found:
+            raise RuntimeStageError(f"KV blocks of {block_type}: expected one of {', '.join(BLOCK_PRECISIONS)}")
+        self.blocks = found[0]
         self.selects_positions = any(p.get_any_name() == LOGITS_INDEX for p in compiled.inputs)
-        self.empty_blocks = ov.Tensor(np.zeros((1, self.kv_heads, self.block_size, self.head_size), np.float32))
+        one_block = (1, self.kv_heads, self.block_size, self.head_size)
+        self.empty_blocks = self.tensor(np.zeros(one_block, self.blocks.dtype))
         """What a request's block inputs hold between steps (one block, shared)."""
+
+    def tensor(self, blocks: np.ndarray) -> ov.Tensor:
+        """``blocks`` (of ``self.blocks.dtype``) as a tensor of the blocks' element type, sharing their memory."""
+        return ov.Tensor(blocks, ov.Shape(list(blocks.shape)), self.blocks.element_type)
 
     def new_step(self) -> PagedStep:
         return PagedStep(self, self.compiled.create_infer_request())
@@ -170,7 +213,7 @@ class PagedStep:
         for name, key in p.graph.caches.items():
             # [blocks, heads, block size, head size] -> [1, heads, positions, head size]
             kv = arrays[name].transpose(1, 0, 2, 3).reshape(p.kv_heads, blocks * p.block_size, p.head_size)
-            states[key].state = ov.Tensor(np.ascontiguousarray(kv[None, :, : past + n]))
+            states[key].state = ov.Tensor(np.ascontiguousarray(p.blocks.decode(kv[None, :, : past + n])))
         return out
 
     def _infer(
@@ -186,7 +229,7 @@ class PagedStep:
         p = self.prefill
         n, blocks = inputs.shape[1], next(iter(arrays.values())).shape[0]
         for name, layer_blocks in arrays.items():
-            self.request.set_tensor(name, ov.Tensor(layer_blocks, shared_memory=True))
+            self.request.set_tensor(name, p.tensor(layer_blocks))
         feed = {
             p.graph.token_input: inputs[0],
             "position_ids": positions.reshape(-1),
@@ -208,21 +251,26 @@ class PagedStep:
     def _to_blocks(self, kv: np.ndarray | None, kept: np.ndarray, blocks: int) -> np.ndarray:
         """A layer's kept positions (``kv``: ``[1, heads, physical, head size]``) laid out as KV blocks."""
         p = self.prefill
-        flat = np.zeros((p.kv_heads, blocks * p.block_size, p.head_size), dtype=np.float32)
+        flat = np.zeros((p.kv_heads, blocks * p.block_size, p.head_size), dtype=p.blocks.dtype)
         if kv is not None:
             if kv.dtype != np.float32 or kv.ndim != 4:
                 raise RuntimeStageError(f"KV state of {kv.dtype} {kv.shape}: expected f32 [1, heads, positions, size]")
-            flat[:, : len(kept)] = kv[0][:, kept]
+            flat[:, : len(kept)] = p.blocks.encode(kv[0][:, kept])
         return np.ascontiguousarray(flat.reshape(p.kv_heads, blocks, p.block_size, p.head_size).transpose(1, 0, 2, 3))
 
 
 def compile_paged_prefill(
     core: ov.Core, xml: str, stage_input: str, output: str, device: str, props: dict[str, str]
 ) -> PagedPrefill:
-    """Read ``xml``, transform it and compile it with ``props`` (its KV blocks in f32: they are plain arrays here)."""
+    """Read ``xml``, transform it and compile it with ``props``, its KV blocks in the precision it computes in
+    (``INFERENCE_PRECISION_HINT`` in ``props``, else the device's default): f32 where that is f32."""
     graph = paged_graph(core.read_model(xml), stage_input)
+    computes_in = props.get("INFERENCE_PRECISION_HINT")
+    if computes_in is None:
+        computes_in = core.get_property(device, "INFERENCE_PRECISION_HINT").to_string()
+    blocks = BLOCK_PRECISIONS.get(computes_in, BLOCK_PRECISIONS["f32"])
     try:
-        compiled = core.compile_model(graph.model, device, {**props, "KV_CACHE_PRECISION": "f32"})
+        compiled = core.compile_model(graph.model, device, {**props, "KV_CACHE_PRECISION": blocks.name})
     except RuntimeError as exc:
         raise RuntimeStageError(f"cannot compile the PagedAttention graph on {device}: {exc}") from exc
     return PagedPrefill(compiled, graph, output)

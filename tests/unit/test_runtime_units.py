@@ -48,11 +48,13 @@ def test_float_exports_compile_exact() -> None:
 
 def test_compressed_exports_on_the_cpu_decode_with_f32_activations() -> None:
     """int4/int8 on the CPU: f32 activations quantized on the fly (no KV or dynamic-quantization overrides);
-    long steps get a second compilation in the plugin's default precision only when asked for."""
+    long steps compile a second time in the plugin's default precision unless told not to."""
     decode = compile_properties("CPU", "int4", RuntimeConfig(rewind="mask"))
     assert decode["INFERENCE_PRECISION_HINT"] == "f32"
     assert "KV_CACHE_PRECISION" not in decode and "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in decode
-    assert not splits_prefill("CPU", "int4", RuntimeConfig(), "bf16")
+    assert splits_prefill("CPU", "int4", RuntimeConfig(), "bf16")
+    assert not splits_prefill("CPU", "int4", RuntimeConfig(fast_prefill=False), "bf16")
+    assert not splits_prefill("CPU", "int4", RuntimeConfig(prefill_attention="sdpa"), "bf16")
     assert splits_prefill("CPU", "int8", RuntimeConfig(fast_prefill=True), "bf16")
     # a CPU that computes in f32 by default (no bf16 or f16): a second compilation would be the first again
     assert not splits_prefill("CPU", "int8", RuntimeConfig(fast_prefill=True), "f32")
