@@ -21,13 +21,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
 from agent.errors import BenchError
 from agent.fleet import NodeIdentity
+
+if TYPE_CHECKING:
+    from tui.app import ChatApp
 
 QUESTION = "Write a long story about a lighthouse keeper, a storm and a lost ship."
 KEY_GOAL_MS = 50.0
@@ -163,20 +166,26 @@ async def _tui_rate(
             if not app.streaming:
                 break
             letter = "abcdefghijklmnopqrstuvwxyz"[index % 26]
-            before = time.perf_counter()
-            # as a terminal's key arrives: queued for the app's loop (Pilot.press would also wait for every
-            # widget to be idle, which a streaming answer never is)
-            app.simulate_key(letter)
-            while not app.prompt.text.endswith(letter):
-                _before(deadline, "a key press to reach the prompt")
-                await asyncio.sleep(0.001)
-            pressed.append(1000 * (time.perf_counter() - before))
+            pressed.append(1000 * await key_to_prompt(app, letter, deadline - time.monotonic()))
             await asyncio.sleep(0.2)
         while app.streaming:
             _before(deadline, "the TUI's answer to end")
             await asyncio.sleep(0.01)
         cpu = time.process_time() - cpu
     return _rate(stamps), len(stamps), cpu, pressed
+
+
+async def key_to_prompt(app: ChatApp, letter: str, timeout: float) -> float:
+    """Seconds from ``letter`` queued on the app's loop, as a terminal's key arrives, to the prompt ending
+    with it. (``Pilot.press`` times something else: after each key it waits up to a second, twice, for this
+    process to look idle, which it never does while an answer streams or a ring is replayed.)"""
+    before = time.perf_counter()
+    app.simulate_key(letter)
+    while not app.prompt.text.endswith(letter):
+        if time.perf_counter() - before > timeout:
+            raise BenchError(f"a key press did not reach the prompt within {timeout:.0f} s")
+        await asyncio.sleep(0.001)
+    return time.perf_counter() - before
 
 
 def _before(deadline: float, what: str) -> None:

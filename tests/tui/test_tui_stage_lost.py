@@ -28,6 +28,7 @@ from agent.chat.protocol import ChatRequest
 from agent.cli.status_cmd import StatusLink
 from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.node.launcher import LocalAgent, launch_agent
+from bench.tui_bench import key_to_prompt
 from discovery import control
 from discovery.admin import edit_fleet_document, push_document
 from discovery.fleet_document import ModelSource, serving
@@ -48,7 +49,8 @@ HOLDERS = ("pc1", "pc2", "pc3", "pc4")
 """Four PCs offer memory for three stages: one of them stands by."""
 KEY_BOUND = 1.0
 """Seconds a key press may take to reach the prompt while the ring is down (the loop watch of
-``tests/conftest.py`` fails any step that holds the loop longer than this, too)."""
+``tests/conftest.py`` fails any step that holds the loop longer than this, too). Timed from the key queued
+to the prompt showing it, as ``python -m bench tui`` times it: ``Pilot.press`` waits for an idle process."""
 
 
 def test_a_stage_killed_mid_answer_shows_as_lost_the_app_answers_keys_and_the_answer_is_replayed(
@@ -136,13 +138,9 @@ async def _chat_through_the_kill(
         print(f"killed {victim} (stage {stage}) after {tokens_at_kill} tokens")
 
         # while the ring is down the app answers keys: typed letters reach the prompt at once
-        presses = []
-        for letter in "shoal":
-            before = time.monotonic()
-            await pilot.press(letter)
-            presses.append(time.monotonic() - before)
+        presses = [await key_to_prompt(app, letter, KEY_BOUND) for letter in "shoal"]
+        await pilot.pause()
         assert app.prompt.text == "shoal", app.prompt.text
-        assert max(presses) < KEY_BOUND, presses
         print(f"key presses during the outage: {', '.join(f'{1e3 * p:.0f} ms' for p in presses)}")
 
         seen_in_stage_row: list[bool] = []
