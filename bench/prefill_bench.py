@@ -4,7 +4,8 @@ instead (issue 26).
 Configurations, each in fresh processes of its own, one inference thread per process:
 
 - ``genai``: ``openvino_genai.LLMPipeline`` on the optimum-intel int4 export of the same checkpoint, prefix
-  caching off (``bench.worker``'s ``mono``);
+  caching off (``bench.worker``'s ``mono``), in the CPU's default precision; ``genai-f32`` the same in f32
+  activations (what a CPU without bf16 computes in: with ``1-stage-f32``, the pair such a CPU compares);
 - ``torch``: transformers in float32 on a Hugging Face folder of the same checkpoint (a GGUF is dequantized into
   one, kept in the bench cache), the reference a user could fall back to: one forward over the prompt, computing
   the last position's logits only (as ``generate`` does);
@@ -29,8 +30,8 @@ client, the chat agent's tokenizing and its ring session's opening included. Eac
 prompt of ``WARMUP_TOKENS``, untimed (its first inferences), then each of ``--runs`` rounds asks every
 length, shortest first.
 
-Goals (issue 26): 1-stage at most 1.1x genai's time and 1.5x torch's; the 3-agent ring with pipelined prefill at
-most 0.6x the 1-stage time where each stage has its own core.
+Goals (issue 26): 1-stage at most 1.1x genai's time (and 1-stage-f32 of genai-f32's) and 1.5x torch's; the 3-agent
+ring with pipelined prefill at most 0.6x the 1-stage time where each stage has its own core.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 
 CONFIGS = (
     "genai",
+    "genai-f32",
     "torch",
     "1-stage",
     "1-stage-f32",
@@ -68,11 +70,21 @@ CONFIGS = (
     "ring3",
     "ring3-pipelined",
 )
-WORKER_KINDS = {"genai": "mono", "torch": "torch", "1-stage": "shoal", "1-stage-f32": "shoal", "1-stage-sdpa": "shoal"}
+WORKER_KINDS = {
+    "genai": "mono",
+    "genai-f32": "mono",
+    "torch": "torch",
+    "1-stage": "shoal",
+    "1-stage-f32": "shoal",
+    "1-stage-sdpa": "shoal",
+}
+"""The configurations that run in one ``bench.worker`` process, and the worker's kind for each."""
 SHOAL_PREFILLS = {"1-stage": ("paged", True), "1-stage-f32": ("paged", False), "1-stage-sdpa": ("sdpa", False)}
 """Each in-process shoal configuration's ``RuntimeConfig.prefill_attention`` and ``fast_prefill``."""
-"""The configurations that run in one ``bench.worker`` process, and the worker's kind for each."""
-NOT_SHOAL = ("genai", "torch")
+GENAI_PRECISIONS = {"genai-f32": "f32"}
+"""The genai configurations' ``INFERENCE_PRECISION_HINT`` (absent: the device's default)."""
+GENAI = ("genai", "genai-f32")
+NOT_SHOAL = (*GENAI, "torch")
 PIPELINED = "-pipelined"
 DEFAULT_LENGTHS = (512, 2048, 4096)
 WARMUP_TOKENS = 256
@@ -80,7 +92,12 @@ WARMUP_TOKENS = 256
 ``agent.runtime.session.PAGED_MIN_POSITIONS`` positions), so that no timed prompt carries its one-time cost."""
 HF_FOLDER = "hf-fp32"
 """The Hugging Face folder of a GGUF checkpoint in the model's bench cache (torch runs on it)."""
-GOALS = (("1-stage", "genai", 1.1), ("1-stage", "torch", 1.5), ("ring3-pipelined", "1-stage", 0.6))
+GOALS = (
+    ("1-stage", "genai", 1.1),
+    ("1-stage-f32", "genai-f32", 1.1),
+    ("1-stage", "torch", 1.5),
+    ("ring3-pipelined", "1-stage", 0.6),
+)
 """(configuration, reference, the most its time may be as a multiple of the reference's)."""
 OWN_CORES_GOAL = "ring3-pipelined"
 """The goal that holds where each stage has its own core."""
@@ -252,7 +269,18 @@ def _in_process(config: str, model_dir: Path, m: Measuring, results: list[Prefil
     # tokens and warmup_tokens serve only the worker's `run` command, which this bench does not send
     core = m.settings.head_core
     attention, fast = SHOAL_PREFILLS.get(config, ("paged", True))
-    spec = RunSpec(WORKER_KINDS[config], str(model_dir), m.warmup.ids, 2, 1, core, str(m.ov_cache), attention, fast)
+    spec = RunSpec(
+        WORKER_KINDS[config],
+        str(model_dir),
+        m.warmup.ids,
+        2,
+        1,
+        core,
+        str(m.ov_cache),
+        attention,
+        fast,
+        GENAI_PRECISIONS.get(config),
+    )
     _progress(f"{config}: loading it in a process on core {core}")
     with contextlib.closing(WorkerProcess(config, spec)) as worker:
         worker.prefill(m.warmup.ids)
@@ -299,7 +327,7 @@ def _prepare(settings: PrefillSettings, work: Path, cache_dir: Path) -> dict[str
     paths: dict[str, Path] = {}
     shoal: dict[int, Path] = {}
     for config in settings.configs:
-        if config == "genai":
+        if config in GENAI:
             _progress(f"{settings.model}: optimum-intel export (int4)")
             paths[config] = optimum_export(settings.model, work / "optimum-int4", cache_dir, work / HF_FOLDER).path
         elif config == "torch":
@@ -459,11 +487,11 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
         "Method: the same prompt token ids on every path (a fixed text repeated, cut after N tokens), one greedy "
         "token; time from the start of the request to that token, after an untimed answer to a "
         f"{WARMUP_TOKENS}-token prompt in the same processes. genai: `openvino_genai.LLMPipeline` (prefix caching "
-        "off) on the optimum-intel int4 export; torch: transformers float32 on the dequantized checkpoint, one "
-        "forward; 1-stage: shoal's 1-stage int4 export in one process, its defaults (1-stage-f32: prompts in f32 "
-        "activations, not the CPU's default precision; 1-stage-sdpa: also on the SDPA graph, not the PagedAttention "
-        "one); ringN: N agents, the chat agent (stage 0) "
-        "asked through its endpoint, the prompt sent as one step (`--prefill-chunk 0`) or, `-pipelined`, in "
+        "off) on the optimum-intel int4 export (genai-f32: in f32 activations); torch: transformers float32 on the "
+        "dequantized checkpoint, one forward; 1-stage: shoal's 1-stage int4 export in one process, its defaults "
+        "(1-stage-f32: prompts in f32 activations, not the CPU's default precision; 1-stage-sdpa: also on the SDPA "
+        "graph, not the PagedAttention one); ringN: N agents, the chat agent (stage 0) asked through its endpoint, "
+        "the prompt sent as one step (`--prefill-chunk 0`) or, `-pipelined`, in "
         f"chunks of at most {settings['prefill_chunk']} positions.",
         "",
         "| prompt tokens | " + " | ".join(configs) + " |",

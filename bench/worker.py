@@ -56,6 +56,8 @@ class RunSpec:
     """``shoal``: what its prompts attend through (``RuntimeConfig.prefill_attention``)."""
     fast_prefill: bool = True
     """``shoal``: prompts in the CPU's default precision (``RuntimeConfig.fast_prefill``)."""
+    inference_precision: str | None = None
+    """``mono``: its ``INFERENCE_PRECISION_HINT`` (None: the device's default)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -228,6 +230,8 @@ class MonoRunner:
         scheduler = ov_genai.SchedulerConfig()
         scheduler.enable_prefix_caching = False
         properties: dict[str, Any] = {"scheduler_config": scheduler, "INFERENCE_NUM_THREADS": 1}
+        if spec.inference_precision:
+            properties["INFERENCE_PRECISION_HINT"] = spec.inference_precision
         if spec.ov_cache_dir:
             properties["CACHE_DIR"] = spec.ov_cache_dir
         start = time.perf_counter()

@@ -71,13 +71,20 @@ def test_a_prompt_in_chunks_leaves_the_one_step_state(
 ) -> None:
     """Through all three stages (a middle stage takes hidden states), one thread: a 700-position document sent in
     chunks of 234-233 positions gives bit-identical logits to one step, then and on every later step, in the
-    int4 default precision as in f32. (By default, on a CPU computing in bf16, prompts run in bf16 with KV blocks
-    in bf16, which the kept positions must cross into exactly; elsewhere in f32 activations quantized on the fly.)"""
+    int4 default precision as in f32; so does one step that each stage infers 200 positions at a time (the
+    middle stage's rows joined, the head's unread parts skipped). (By default, on a CPU computing in bf16, prompts
+    run in bf16 with KV blocks in bf16, which the kept positions must cross into exactly; elsewhere in f32
+    activations quantized on the fly.)"""
     stages = _stages(exported(3, "int4"), threads=1, precision=precision, cache_dir=cache_dir / "ov")
     document = _document(700)
     whole = _logits(stages, [document], DECODED)
     chunked = _logits(stages, [document[:234], document[234:467], document[467:]], DECODED)
     assert _distance(chunked, whole) == 0.0
+    for stage in stages:
+        prefill = stage.paged_prefill()
+        assert prefill is not None and prefill.inference_positions > len(document)
+        prefill.inference_positions = 200
+    assert _distance(_logits(stages, [document], DECODED), whole) == 0.0
 
 
 def test_rejected_drafts_stay_out_of_a_paged_step(exported: Callable[..., Path], cache_dir: Path) -> None:

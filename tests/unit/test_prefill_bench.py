@@ -78,7 +78,7 @@ def test_lengths_leave_one_position_for_the_answer_and_run_shortest_first() -> N
 
 
 def test_configs_and_lengths_on_the_command_line() -> None:
-    assert [ring_stages(c) for c in CONFIGS] == [1, 1, 1, 1, 1, 2, 2, 3, 3]
+    assert [ring_stages(c) for c in CONFIGS] == [1, 1, 1, 1, 1, 1, 2, 2, 3, 3]
     assert token_counts("512, 2048,4096") == (512, 2048, 4096)
     for bad in ("", "0", "512,x"):
         with pytest.raises(argparse.ArgumentTypeError):
@@ -107,7 +107,7 @@ def _settings(agent_cores: tuple[int, ...]) -> PrefillSettings:
 
 
 def _report(agent_cores: tuple[int, ...]) -> dict[str, object]:
-    times = {"genai": 1.0, "torch": 2.0, "1-stage": 1.0, "1-stage-f32": 1.5, "1-stage-sdpa": 2.0}
+    times = {"genai": 1.0, "genai-f32": 1.2, "torch": 2.0, "1-stage": 1.0, "1-stage-f32": 1.5, "1-stage-sdpa": 2.0}
     times |= {"ring2": 1.2, "ring2-pipelined": 0.8}
     times["ring3"] = 1.3
     times["ring3-pipelined"] = 0.5
@@ -145,12 +145,13 @@ def test_the_report_holds_each_config_and_length_and_the_goals() -> None:
 def test_the_markdown_shows_times_goals_and_the_cores_of_each_agent() -> None:
     markdown = render_markdown(_report((1, 2)), "python -m bench prefill")
     header = (
-        "| prompt tokens | genai | torch | 1-stage | 1-stage-f32 | 1-stage-sdpa | ring2 | ring2-pipelined | ring3 "
-        "| ring3-pipelined |"
+        "| prompt tokens | genai | genai-f32 | torch | 1-stage | 1-stage-f32 | 1-stage-sdpa | ring2 | ring2-pipelined "
+        "| ring3 | ring3-pipelined |"
     )
     assert header in markdown
     assert "| 4,095 | 8.400 (8.000-8.800) |" in markdown
     assert "| 1-stage ≤ 1.1× genai | 1.00 pass | 1.00 pass |" in markdown
+    assert "| 1-stage-f32 ≤ 1.1× genai-f32 | 1.25 FAIL | 1.25 FAIL |" in markdown
     assert "| 1-stage ≤ 1.5× torch | 0.50 pass | 0.50 pass |" in markdown
     assert "| ring3-pipelined ≤ 0.6× 1-stage | 0.50 pass | 0.50 pass |" in markdown
     assert "the ring of 3: stage 0 (the chat agent) on core 0, stages 1-2 on one core each (cores 1, 2" in markdown
