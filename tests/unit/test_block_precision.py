@@ -4,9 +4,12 @@ and back. A rounding unlike the plugin's, or a lossy way back, would move every 
 from __future__ import annotations
 
 import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from openvino.op.util import Variable, VariableInfo
 
 from agent.runtime.paged_prefill import BLOCK_PRECISIONS
 
@@ -37,3 +40,30 @@ def test_f32_and_f16_blocks_are_numpy_casts() -> None:
     f16 = BLOCK_PRECISIONS["f16"]
     assert f16.encode(values).dtype == np.float16
     assert f16.decode(f16.encode(values)).tolist() == values.astype(np.float16).astype(np.float32).tolist()
+
+
+def _state_request() -> ov.InferRequest:
+    """A compiled model whose one f32 variable is shaped like a KV state, ``[1, heads, positions, head size]``."""
+    info = VariableInfo()
+    info.data_shape, info.data_type, info.variable_id = ov.PartialShape([1, 2, -1, 4]), ov.Type.f32, "kv"
+    variable = Variable(info)
+    start = ops.parameter([1, 2, -1, 4], ov.Type.f32, name="start")
+    read = ops.read_value(start, variable)
+    model = ov.Model(results=[ops.result(read)], sinks=[ops.assign(read, variable)], parameters=[start])
+    request = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request()
+    request.infer({"start": np.zeros((1, 2, 1, 4), np.float32)})
+    return request
+
+
+def test_an_f32_state_set_from_bf16_blocks_holds_what_decode_gives() -> None:
+    """A paged step hands its bf16 blocks to the f32 KV state as they are and lets the plugin convert them: every
+    finite bf16 value (subnormals included) must arrive as ``decode`` reads it, or the decode steps after a prompt
+    would attend to other keys than the prompt wrote."""
+    bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    finite = bits[(bits & 0x7F80) != 0x7F80]  # an exponent of all ones is an infinity or a NaN
+    blocks = finite[: len(finite) // 8 * 8].reshape(1, 2, -1, 4)
+    (state,) = _state_request().query_state()
+    state.state = ov.Tensor(blocks, ov.Shape(list(blocks.shape)), BF16.element_type)
+    held = state.state.data
+    assert held.dtype == np.float32
+    assert np.array_equal(held.view(np.uint32), BF16.decode(blocks).view(np.uint32))
