@@ -50,12 +50,10 @@ class BlockPrecision:
         bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
-    def decode(self, blocks: np.ndarray) -> np.ndarray:
-        """The values as f32 (exact: every value of these precisions is one in f32), as the plugin converts them
-        when a state is set from blocks."""
-        if self.element_type != ov.Type.bf16:
-            return blocks.astype(np.float32)
-        return (blocks.astype(np.uint32) << 16).view(np.float32)
+    def tensor(self, blocks: np.ndarray) -> ov.Tensor:
+        """``blocks`` (of ``self.dtype``) as a tensor of this element type, sharing their memory. Set as an f32
+        state, the plugin converts it exactly (every value of these precisions is one in f32)."""
+        return ov.Tensor(blocks, ov.Shape(list(blocks.shape)), self.element_type)
 
 
 BLOCK_PRECISIONS = {
@@ -182,12 +180,8 @@ class PagedPrefill:
         self.blocks = found[0]
         self.selects_positions = any(p.get_any_name() == LOGITS_INDEX for p in compiled.inputs)
         one_block = (1, self.kv_heads, self.block_size, self.head_size)
-        self.empty_blocks = self.tensor(np.zeros(one_block, self.blocks.dtype))
+        self.empty_blocks = self.blocks.tensor(np.zeros(one_block, self.blocks.dtype))
         """What a request's block inputs hold between steps (one block, shared)."""
-
-    def tensor(self, blocks: np.ndarray) -> ov.Tensor:
-        """``blocks`` (of ``self.blocks.dtype``) as a tensor of the blocks' element type, sharing their memory."""
-        return ov.Tensor(blocks, ov.Shape(list(blocks.shape)), self.blocks.element_type)
 
     def new_step(self) -> PagedStep:
         return PagedStep(self, self.compiled.create_infer_request())
@@ -242,7 +236,7 @@ class PagedStep:
             kv = arrays[name].transpose(1, 0, 2, 3).reshape(p.kv_heads, blocks * p.block_size, p.head_size)
             # the plugin converts the blocks' precision to the state's as it copies them in: exactly, and in one
             # pass over memory where numpy's decode took three (a 512-position prompt's first step spent 0.1 s)
-            states[key].state = p.tensor(np.ascontiguousarray(kv[None, :, : past + n]))
+            states[key].state = p.blocks.tensor(np.ascontiguousarray(kv[None, :, : past + n]))
         return out
 
     def _infer(
@@ -259,7 +253,7 @@ class PagedStep:
         n = inputs.shape[1]
         blocks = -(-(past + n) // p.block_size)  # the ones this inference reads or fills; the arrays may hold more
         for name, layer_blocks in arrays.items():
-            self.request.set_tensor(name, p.tensor(layer_blocks))
+            self.request.set_tensor(name, p.blocks.tensor(layer_blocks))
         feed = {
             p.graph.token_input: inputs[0],
             "position_ids": positions.reshape(-1),

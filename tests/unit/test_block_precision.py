@@ -11,17 +11,24 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from openvino.op.util import Variable, VariableInfo
 
-from agent.runtime.paged_prefill import BLOCK_PRECISIONS
+from agent.runtime.paged_prefill import BLOCK_PRECISIONS, BlockPrecision
 
 BF16 = BLOCK_PRECISIONS["bf16"]
 LIMIT = float(np.float32(1e38))  # beyond about 3.39e38 bf16 rounds to infinity
 FINITE = st.floats(width=32, allow_subnormal=False, min_value=-LIMIT, max_value=LIMIT)
 
 
+def decode(precision: BlockPrecision, blocks: np.ndarray) -> np.ndarray:
+    """What blocks of ``precision`` hold, as f32 (exact: every value of these precisions is one in f32)."""
+    if precision.element_type != ov.Type.bf16:
+        return blocks.astype(np.float32)
+    return (blocks.astype(np.uint32) << 16).view(np.float32)
+
+
 def test_bf16_rounds_to_the_nearest_ties_to_even() -> None:
     # 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: to the even one, 1; 1 + 3 * 2^-8 halfway up to 1 + 2^-6
     values = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -2.0, 0.0], dtype=np.float32)
-    assert BF16.decode(BF16.encode(values)).tolist() == [1.0, 1.0, 1 + 2**-6, 1 + 2**-7, -2.0, 0.0]
+    assert decode(BF16, BF16.encode(values)).tolist() == [1.0, 1.0, 1 + 2**-6, 1 + 2**-7, -2.0, 0.0]
     assert BF16.encode(values).dtype == np.uint16
 
 
@@ -29,17 +36,17 @@ def test_bf16_rounds_to_the_nearest_ties_to_even() -> None:
 def test_bf16_blocks_keep_what_a_bf16_state_held(values: np.ndarray) -> None:
     """A bf16 KV state reads out as f32 values bf16 can hold: they must cross into blocks and back unchanged,
     or a prompt sent in chunks would attend to other keys than the same prompt in one step."""
-    held = BF16.decode(BF16.encode(values))
-    assert np.array_equal(BF16.decode(BF16.encode(held)), held)
+    held = decode(BF16, BF16.encode(values))
+    assert np.array_equal(decode(BF16, BF16.encode(held)), held)
     assert np.all(np.abs(held - values) <= np.abs(values) * 2**-8)
 
 
 def test_f32_and_f16_blocks_are_numpy_casts() -> None:
     values = np.array([1.0, 1 / 3, -65504.0], dtype=np.float32)
-    assert np.array_equal(BLOCK_PRECISIONS["f32"].decode(BLOCK_PRECISIONS["f32"].encode(values)), values)
+    assert np.array_equal(decode(BLOCK_PRECISIONS["f32"], BLOCK_PRECISIONS["f32"].encode(values)), values)
     f16 = BLOCK_PRECISIONS["f16"]
     assert f16.encode(values).dtype == np.float16
-    assert f16.decode(f16.encode(values)).tolist() == values.astype(np.float16).astype(np.float32).tolist()
+    assert decode(f16, f16.encode(values)).tolist() == values.astype(np.float16).astype(np.float32).tolist()
 
 
 def _state_request() -> ov.InferRequest:
@@ -63,7 +70,7 @@ def test_an_f32_state_set_from_bf16_blocks_holds_what_decode_gives() -> None:
     finite = bits[(bits & 0x7F80) != 0x7F80]  # an exponent of all ones is an infinity or a NaN
     blocks = finite[: len(finite) // 8 * 8].reshape(1, 2, -1, 4)
     (state,) = _state_request().query_state()
-    state.state = ov.Tensor(blocks, ov.Shape(list(blocks.shape)), BF16.element_type)
+    state.state = BF16.tensor(blocks)
     held = state.state.data
     assert held.dtype == np.float32
-    assert np.array_equal(held.view(np.uint32), BF16.decode(blocks).view(np.uint32))
+    assert np.array_equal(held.view(np.uint32), decode(BF16, blocks).view(np.uint32))
