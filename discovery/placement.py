@@ -9,8 +9,9 @@ same inputs give the same plan and the same :attr:`Plan.hash` in any process, wh
 The rules, in the order they win:
 
 1. **Pins.** A required pin puts its stage on its node or nowhere (uncovered, with why); a preferred pin is
-   honoured when its node can hold the stage and is otherwise left to the rules below. Every pin that is not
-   honoured is reported with its reason.
+   honoured when its node can hold the stage and is otherwise left to the rules below. A required pin whose
+   node is revoked is void: that node never serves again, so its stage is placed by the rules below, and the
+   stage's reason says so. Every pin that is not honoured is reported with its reason.
 2. **Coverage.** As many stages as possible get a node (a maximum bipartite matching, so that one big stage
    never goes uncovered because a smaller one took the only PC that could hold it). A node serves at most one
    stage (an office PC gives one shard), and only a member (state ``member``, or this agent) with the memory
@@ -67,6 +68,9 @@ ME = "me"
 """The :attr:`Candidate.state` of the agent that plans (``membership.me``)."""
 ASSIGNABLE = frozenset({"member", ME})
 """Candidate states that can be given a stage: a verified member whose control link is up, or this agent."""
+REVOKED = "revoked"
+"""The state of a member whose certificate the fleet revoked: it never serves again, so a required pin on it is
+void (a lost or gone member may come back, and its required pin waits for it)."""
 HOLDING = frozenset({"cached", "compiling", "ready", "standby"})
 """Announced stage states whose files are on the member's disk already (a ``downloading`` one is not there)."""
 
@@ -353,6 +357,8 @@ class _Planner:
             i = served.get(s)
             node = None if i is None else self.cands[i].node
             reason = required.get(s) or self._reason(s, i, fixed, taken, users, limit, free)
+            if s in self.void:
+                reason = f"{reason}; {self.void[s]}"
             assignments.append(Assignment(s, node, tuple(self.cands[j].node for j in standbys.get(s, ())), reason))
         result = Plan(
             tuple(assignments),
@@ -371,6 +377,8 @@ class _Planner:
         required: dict[int, str] = {}
         taken: dict[int, int] = {}
         self.pinned_required: set[int] = set()
+        self.void: dict[int, str] = {}
+        """Stages placed automatically because their required pin names a revoked node, and why."""
         for pin in self.pins:
             i = self._resolve(pin.node)
             why = self._pin_problem(pin, i, taken, fixed.keys() | required.keys())
@@ -380,6 +388,10 @@ class _Planner:
                     self.pinned_required.add(pin.stage)
                 how = "required" if pin.required else "preferred"
                 outcomes.append(PinOutcome(pin, True, f"stage {pin.stage} on {self.name(i)} ({how})"))
+            elif pin.required and i is not None and self.cands[i].state == REVOKED:
+                if pin.stage < len(self.needs) and pin.stage not in fixed:
+                    self.void[pin.stage] = f"the required pin on {pin.node} is void: {why}"
+                outcomes.append(PinOutcome(pin, False, f"{why}; the pin is void, the stage is placed automatically"))
             elif pin.required:
                 if pin.stage < len(self.needs) and pin.stage not in fixed:
                     required[pin.stage] = f"required on {pin.node}, which cannot serve it: {why}"

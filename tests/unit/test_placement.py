@@ -182,7 +182,6 @@ def test_a_required_pin_is_honoured_and_moves_the_stage() -> None:
     [
         (cand(9, memory=500), "pc9", "pc9 offers 500 MiB and stage 1 needs 1000 MiB"),
         (cand(9, state="lost"), "pc9", "pc9 is lost"),
-        (cand(9, state="revoked"), node(9), "pc9 is revoked"),
         (cand(9, state="gone"), "pc9", "pc9 is gone"),
         (cand(9), "pc-nobody", "no member 'pc-nobody' is known"),
     ],
@@ -195,6 +194,34 @@ def test_a_required_pin_that_cannot_be_honoured_leaves_its_stage_uncovered(
     outcome = p.pins[0]
     assert not outcome.honoured and why in outcome.reason and "required pin" in outcome.reason
     assert p.assignments[1].reason.startswith(f"required on {pin_node}, which cannot serve it: {why}")
+
+
+@pytest.mark.parametrize("pin_node", ["pc9", node(9)])
+def test_a_required_pin_on_a_revoked_node_is_void_and_its_stage_placed_automatically(pin_node: str) -> None:
+    members = [cand(1, speed=20), cand(2, speed=10), cand(3, speed=5), cand(4, speed=5)]
+    members.append(cand(9, speed=50, state="revoked"))
+    p = plan(doc(Pin(pin_node, 1, required=True)), needs(2.0, 1.0), members)
+    assert p.complete and served(p) == [node(1), node(2)] and node(9) not in p.standbys_of(1)
+    outcome = p.pins[0]
+    assert not outcome.honoured
+    assert outcome.reason == "pc9 is revoked; the pin is void, the stage is placed automatically"
+    reason = p.assignments[1].reason
+    assert (
+        reason
+        == f"given to pc2, a free member that can hold it; the required pin on {pin_node} is void: pc9 is revoked"
+    )
+    assert len(p.standbys_of(1)) == 1  # placed like any other stage: it has a standby
+    again = plan(doc(Pin(pin_node, 1, required=True)), needs(2.0, 1.0), members, p)
+    assert again.hash == p.hash and again.epoch == p.epoch  # a plan is its own next plan
+
+
+def test_a_required_pin_on_a_node_it_serves_loses_the_stage_when_the_node_is_revoked() -> None:
+    members = [cand(1, speed=20), cand(2, speed=10), cand(3, speed=5)]
+    pinned = plan(doc(Pin("pc3", 1, required=True)), needs(2.0, 1.0), members)
+    assert pinned.node_of(1) == node(3)
+    revoked = plan(doc(Pin("pc3", 1, required=True)), needs(2.0, 1.0), swap(members, 3, state="revoked"), pinned)
+    assert revoked.complete and revoked.node_of(1) == node(2)
+    assert revoked.assignments[1].reason.endswith("(pc3 is revoked); the required pin on pc3 is void: pc3 is revoked")
 
 
 def test_a_preferred_pin_is_honoured_when_it_can_be_and_falls_back_with_why() -> None:
