@@ -29,7 +29,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -279,14 +279,16 @@ def issue_node(
     ips: Iterable[str] = (),
     days: int = 365,
     out: Path | None = None,
+    force: bool = False,
 ) -> NodeIdentity:
     """Issue a certificate for ``node`` from the CA in ``dir``, write its identity folder and record it in
     ``enrolled.json`` (how: ``"issued"``).
 
-    The folder is ``out`` or ``<dir>/nodes/<node>``; an existing identity there is replaced
-    (re-issuing is how a node's certificate is renewed). The CA holder is the one asking, so unlike a
-    join by token, a name already enrolled with another key is not refused: the new certificate is
-    recorded beside the old one, and ``shoal fleet revoke NODE`` revokes both.
+    The folder is ``out`` or ``<dir>/nodes/<node>``; an existing identity there is replaced. Names are unique
+    within a fleet, so that a pin or a revocation by name means one PC: a name enrolled with a certificate
+    that is not revoked is refused (:class:`FleetError` saying what to do) unless ``force``, the admin
+    insisting (a renewal: re-issuing is how a node's certificate is renewed, under a new key). The new
+    certificate is then recorded beside the old one, and ``shoal fleet revoke NODE`` revokes both.
     """
     paths = FleetPaths(Path(dir))
     validate_node_name(node)
@@ -299,9 +301,20 @@ def issue_node(
     key = ec.generate_private_key(ec.SECP256R1())
     cert = node_certificate(ca_key, ca_cert, key.public_key(), node, ips=ips, days=days)
 
+    # Imported here: the revocation list is built on this module.
+    from agent.fleet.revocation import fleet_revokes
+
     folder = Path(out) if out is not None else paths.node_dir(node)
     with fleet_lock(paths.root):
         enrolled = enrolled_nodes(paths.root)  # a malformed registry stops us before anything is written
+        named = not force and any(e.name == node for e in enrolled)  # only then is the revocation list read
+        taken = namesakes(enrolled, fleet_revokes(paths.root), node) if named else []
+        if taken:
+            raise FleetError(
+                f"a node named {node!r} is enrolled already (node id {taken[-1].node_id}): choose another name, "
+                f"revoke it first (`shoal fleet revoke {node}`), or pass --force to issue a second certificate "
+                "under that name (a renewal)"
+            )
         make_dir(folder)
         identity = NodeIdentity.in_folder(folder)
         write_atomic(identity.key, key_pem(key), private=True)
@@ -441,6 +454,15 @@ def enrolled_nodes(dir: Path) -> tuple[EnrolledNode, ...]:
     if not isinstance(nodes, list):
         raise FleetError(f"{path} is malformed (expected schema 1 and a list of nodes)")
     return tuple(EnrolledNode.from_json(item, path) for item in nodes)
+
+
+def namesakes(
+    enrolled: Iterable[EnrolledNode], revoked: Callable[[str], bool], name: str, node_id: str | None = None
+) -> list[EnrolledNode]:
+    """The certificates of ``enrolled`` named ``name`` that are not revoked (``revoked(fingerprint)``) and are
+    of another key than ``node_id`` (None: of any key), oldest first: what a new node of that name would
+    share it with."""
+    return [e for e in enrolled if e.name == name and e.node_id != node_id and not revoked(e.fingerprint)]
 
 
 def record_enrollment(dir: Path, cert: x509.Certificate, how: str, now: dt.datetime | None = None) -> EnrolledNode:

@@ -65,6 +65,7 @@ from agent.fleet.authority import (
     key_pem,
     load_ca,
     make_dir,
+    namesakes,
     node_certificate,
     node_id_of_key,
     parse_utc,
@@ -355,7 +356,7 @@ def name_conflict(
     """Why ``name`` may not be enrolled for the key ``node_id``, or None. ``revoked(fingerprint)`` tells a
     revoked certificate. The same key may enroll again (a renewal); another key only once the name's
     certificates are all revoked."""
-    others = [e for e in enrolled if e.name == name and e.node_id != node_id and not revoked(e.fingerprint)]
+    others = namesakes(enrolled, revoked, name, node_id)
     if others:
         return (
             f"the name {name!r} is already enrolled with another key (node id {others[-1].node_id}): revoke it "

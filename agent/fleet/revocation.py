@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,13 @@ def fleet_revocations(dir: Path) -> RevocationList | None:
     if not paths.revocations.is_file():
         return None
     return load_revocations(paths.revocations, read_certificate(paths.ca_cert))
+
+
+def fleet_revokes(dir: Path) -> Callable[[str], bool]:
+    """Whether a certificate (by its fingerprint) is on the revocation list of the fleet folder ``dir`` (none is
+    while it has no list)."""
+    revocations = fleet_revocations(dir)
+    return revocations.revokes if revocations is not None else lambda _: False
 
 
 def revoke_node(dir: Path, name_or_node_id: str, now: dt.datetime | None = None) -> RevocationList:

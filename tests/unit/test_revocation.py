@@ -127,7 +127,7 @@ def test_revoke_node(fleet: Path) -> None:
 
 def test_revoke_covers_every_certificate_of_a_name(fleet: Path, tmp_path: Path) -> None:
     old = issue_node(fleet, "pc1")
-    new = issue_node(fleet, "pc1", out=tmp_path / "renewed")  # a re-issue: another key
+    new = issue_node(fleet, "pc1", out=tmp_path / "renewed", force=True)  # a re-issue: another key
     assert [e.node_id for e in enrolled_nodes(fleet)] == [old.node_id, new.node_id]
     revocations = revoke_node(fleet, "pc1")
     assert revocations.revokes(old.fingerprint) and revocations.revokes(new.fingerprint)
