@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -267,10 +268,16 @@ def with_pin(doc: FleetDocument, pin: Pin, now: dt.datetime) -> FleetDocument:
 
 def without_pin(doc: FleetDocument, node: str, now: dt.datetime) -> FleetDocument:
     """The next version without the pin of ``node``; :class:`FleetError` listing the pins if it has none."""
-    if doc.pin_of(node) is None:
+    pin = doc.pin_of(node)
+    if pin is None:
         pinned = ", ".join(f"{p.node} (stage {p.stage})" for p in doc.pins) or "none"
         raise FleetError(f"{node} has no pin in fleet document version {doc.version} (pinned: {pinned})")
-    return _next(doc, now, pins=tuple(p for p in doc.pins if p.node != node))
+    return without_pins(doc, (pin,), now)
+
+
+def without_pins(doc: FleetDocument, pins: Collection[Pin], now: dt.datetime) -> FleetDocument:
+    """The next version without ``pins`` (those of them it has)."""
+    return _next(doc, now, pins=tuple(p for p in doc.pins if p not in pins))
 
 
 def serving(doc: FleetDocument, model: ModelSource | None, now: dt.datetime) -> FleetDocument:

@@ -79,7 +79,8 @@ class AdminOutcome:
 
     text: str
     severity: Severity = "ok"
-    """``warning``: written, but not handed to a running agent (the fleet learns it when one takes it)."""
+    """``warning``: written, but not handed to a running agent (the fleet learns it when one takes it), or a
+    revocation left a void pin in the fleet document."""
 
 
 class AdminSource(Protocol):
@@ -99,6 +100,7 @@ class AdminSource(Protocol):
         """A new join token for one PC, valid a day, as ``shoal fleet token`` makes it."""
         ...
 
-    async def revoke(self, node: str) -> AdminOutcome:
-        """Revoke ``node`` (a node name or id), as ``shoal fleet revoke`` does."""
+    async def revoke(self, node: str, drop_pins: bool = False) -> AdminOutcome:
+        """Revoke ``node`` (a node name or id), as ``shoal fleet revoke`` does; ``drop_pins``: and remove the pins
+        that name only it (``--drop-pins``)."""
         ...

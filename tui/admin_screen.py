@@ -170,15 +170,20 @@ class AdminScreen(ModalScreen[None]):
             self._fail(f"{node.name} is revoked already")
             return
 
+        pins = [p for p in self.overview.pins if p.node in (node.name, node.node_id)] if self.overview else []
+
         def confirmed(yes: bool | None) -> None:
             if yes:
                 self._show_status(f"revoking {node.name}…", "ok")
-                self._run(lambda: self.source.revoke(node.node_id), self.Changed)
+                self._run(lambda: self.source.revoke(node.node_id, drop_pins=bool(pins)), self.Changed)
 
         question = (
             f"Revoke {node.name} (node id {node.node_id})? Every agent refuses its certificate once the "
             "revocation list reaches it; that PC must join again with a new token."
         )
+        if pins:
+            stages = ", ".join(str(p.stage) for p in pins)
+            question += f" Its pin (stage {stages}) is dropped too, unless another enrolled PC has its name."
         self.app.push_screen(ConfirmDialog(question, "Revoke"), confirmed)
 
     # -- the source, in a worker ------------------------------------------------------------------

@@ -13,17 +13,16 @@ import asyncio
 import datetime as dt
 from pathlib import Path
 
-from agent.cli.fleet_cmd import local_ipv4, node_rows
+from agent.cli.fleet_cmd import local_ipv4, node_rows, voided_pin_lines
 from agent.errors import FleetError, ShoalError
 from agent.fleet import NodeIdentity
 from agent.fleet.authority import FleetPaths
 from agent.fleet.enrollment import DEFAULT_PORT, DEFAULT_TTL, create_token, format_host_port
-from agent.fleet.revocation import revoke_node
 from agent.node.config import parse_address
 from agent.node.running import running_agent
 from discovery import control
-from discovery.admin import current_fleet_document, edit_fleet_document, push_document
-from discovery.fleet_document import Pin, with_pin, without_pin
+from discovery.admin import current_fleet_document, edit_fleet_document, pin_node, push_document, revoke
+from discovery.fleet_document import Pin, without_pin
 from tui.admin import AdminOutcome, AdminOverview, EnrolledEntry, JoinInvite, PinEntry, Severity
 
 
@@ -78,9 +77,7 @@ class FleetAdmin:
 
     async def pin(self, node: str, stage: int, prefer: bool) -> AdminOutcome:
         pin = Pin(node, stage, required=not prefer)
-        document, signed = await asyncio.to_thread(
-            edit_fleet_document, self.fleet_dir, lambda doc, now: with_pin(doc, pin, now)
-        )
+        document, signed = await asyncio.to_thread(pin_node, self.fleet_dir, pin)
         done = f"pinned stage {stage} to {node} ({'preferred' if prefer else 'required'}): version {document.version}"
         return await self._push(done, control.FleetDocumentOffer(signed))
 
@@ -109,23 +106,27 @@ class FleetAdmin:
             note=note or f"It is redeemed while `shoal fleet serve-enrollment --listen {where}` runs on this PC.",
         )
 
-    async def revoke(self, node: str) -> AdminOutcome:
-        result = await asyncio.to_thread(revoke_node, self.fleet_dir, node)
-        document = await asyncio.to_thread(FleetPaths(self.fleet_dir).revocations.read_bytes)
-        names = ", ".join(sorted({r.name for r in result.revoked if r.revoked_at == result.issued_at})) or node
-        done = f"revoked {names}: revocation list version {result.version}"
-        return await self._push(done, control.Revocations(document))
+    async def revoke(self, node: str, drop_pins: bool = False) -> AdminOutcome:
+        done = await asyncio.to_thread(revoke, self.fleet_dir, node, drop_pins)
+        names = ", ".join(sorted({r.name for r in done.added})) or node
+        lines = [f"revoked {names}: revocation list version {done.revocations.version}", *voided_pin_lines(done)]
+        outcome = await self._push("; ".join(lines), *done.messages)
+        if done.voided and done.document is None and outcome.severity == "ok":
+            return AdminOutcome(outcome.text, "warning")  # a void pin stays in the document: worth a look
+        return outcome
 
-    async def _push(self, done: str, message: control.FleetDocumentOffer | control.Revocations) -> AdminOutcome:
-        """``done``, and whether this PC's agent took ``message`` (a warning when it was not handed over)."""
+    async def _push(self, done: str, *messages: control.FleetDocumentOffer | control.Revocations) -> AdminOutcome:
+        """``done``, and whether this PC's agent took ``messages`` (a warning when they were not handed over)."""
         severity: Severity = "warning"
         if self.identity is None:
             return AdminOutcome(f"{done}; not handed to any agent: this PC has no node identity", severity)
         address = await asyncio.to_thread(running_agent, self.identity.cert.parent)
         if address is None:
             return AdminOutcome(f"{done}; no agent runs on this PC to hand it to (`--push HOST:PORT` does)", severity)
+        details = []
         try:
-            detail = await push_document(parse_address(address), self.identity, message)
+            for message in messages:
+                details.append(await push_document(parse_address(address), self.identity, message))
         except (ShoalError, OSError) as exc:
             return AdminOutcome(f"{done}; not handed to the agent at {address}: {exc}", severity)
-        return AdminOutcome(f"{done}; the agent at {address}: {detail}")
+        return AdminOutcome(f"{done}; the agent at {address}: {', '.join(details)}")

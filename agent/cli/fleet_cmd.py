@@ -34,9 +34,9 @@ from agent.fleet.enrollment import (
     format_host_port,
     parse_host_port,
 )
-from agent.fleet.revocation import fleet_revocations, revoke_node
+from agent.fleet.revocation import fleet_revocations
 from agent.node.config import parse_address
-from discovery.admin import push_revocations
+from discovery.admin import Revocation, push_document, revoke
 
 _DURATION_RE = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -63,7 +63,9 @@ def run_fleet(args: argparse.Namespace, data_dir: Path) -> int:
         print(f"valid until:          {ca.not_valid_after_utc:%Y-%m-%d}")
         return 0
     if command == "issue":
-        identity: NodeIdentity = issue_node(fleet_dir, args.node, ips=args.ip, days=args.days, out=args.out)
+        identity: NodeIdentity = issue_node(
+            fleet_dir, args.node, ips=args.ip, days=args.days, out=args.out, force=args.force
+        )
         cert = identity.certificate()
         print(f"node certificate:     {identity.cert}")
         print(f"node key:             {identity.key}")
@@ -83,20 +85,43 @@ def run_fleet(args: argparse.Namespace, data_dir: Path) -> int:
         _print_table(node_rows(fleet_dir), members)
         return 0
     if command == "revoke":
-        result = revoke_node(fleet_dir, args.node)
-        for node in result.revoked:
-            if node.revoked_at == result.issued_at:  # revoke_node dates what it adds with the list itself
-                print(f"revoked {node.name} (node id {node.node_id}, certificate {node.fingerprint[:23]}...)")
-        where = FleetPaths(fleet_dir).revocations
-        print(f"revocation list version {result.version} ({len(result.revoked)} revoked in all): {where}")
-        if args.push:
-            identity = NodeIdentity.load(identity_dir(args.identity, data_dir))
-            document = where.read_bytes()
-            for address in args.push:
-                detail = asyncio.run(push_revocations(parse_address(address), identity, document))
-                print(f"pushed to {address}: {detail}")
-        return 0
+        return _revoke(args, fleet_dir, data_dir)
     return 2
+
+
+def _revoke(args: argparse.Namespace, fleet_dir: Path, data_dir: Path) -> int:
+    done = revoke(fleet_dir, args.node, drop_pins=args.drop_pins)
+    for node in done.added:
+        print(f"revoked {node.name} (node id {node.node_id}, certificate {node.fingerprint[:23]}...)")
+    result = done.revocations
+    where = FleetPaths(fleet_dir).revocations
+    print(f"revocation list version {result.version} ({len(result.revoked)} revoked in all): {where}")
+    for line in voided_pin_lines(done):
+        print(line)
+    if args.push:
+        identity = NodeIdentity.load(identity_dir(args.identity, data_dir))
+        for address in args.push:
+            for message in done.messages:
+                detail = asyncio.run(push_document(parse_address(address), identity, message))
+                print(f"pushed to {address}: {detail}")
+    return 0
+
+
+def voided_pin_lines(done: Revocation) -> list[str]:
+    """What a revocation did to the pins, one line each: dropped (with the new fleet document's version), or
+    void, and how to drop them."""
+    lines = []
+    for pin in done.voided:
+        kind = "required" if pin.required else "preferred"
+        if done.document is not None:
+            version = done.document[0].version
+            lines.append(f"dropped the {kind} pin of {pin.node} on stage {pin.stage}: fleet document version {version}")
+        else:
+            lines.append(
+                f"the {kind} pin of {pin.node} on stage {pin.stage} is void: the plan places stage {pin.stage} "
+                f"automatically (`--drop-pins` or `shoal unpin {pin.node}` removes the pin)"
+            )
+    return lines
 
 
 def _agent_status(address: str, identity: NodeIdentity) -> dict[str, Any]:

@@ -287,6 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--ip", action="append", default=[], help="an IP address of the node (repeatable)")
     f.add_argument("--days", type=int, default=365, help="validity in days")
     f.add_argument("--out", type=Path, default=None, help="identity folder to write (default: <fleet dir>/nodes/NODE)")
+    f.add_argument(
+        "--force",
+        action="store_true",
+        help="issue it even if a node of that name is enrolled and not revoked (a renewal); pins then need node ids",
+    )
     f = fleet.add_parser(
         "token",
         help="make a one-time join token and print the `shoal join` command for a new PC",
@@ -321,6 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="HOST:PORT",
         help="hand the new list to this running agent (repeatable); it gossips it to every member",
+    )
+    f.add_argument(
+        "--drop-pins",
+        action="store_true",
+        help="also remove the pins that name only the revoked node from the fleet document (the plan ignores them)",
     )
     f.add_argument("--identity", type=Path, default=None, help="this PC's identity folder (to reach --push)")
 

@@ -22,8 +22,8 @@ from agent.fleet import NodeIdentity
 from agent.node.config import parse_address
 from agent.node.running import running_agent
 from discovery import control
-from discovery.admin import current_fleet_document, edit_fleet_document, push_document
-from discovery.fleet_document import FleetDocument, ModelSource, Pin, serving, with_pin, without_pin
+from discovery.admin import current_fleet_document, edit_fleet_document, pin_node, push_document
+from discovery.fleet_document import FleetDocument, ModelSource, Pin, serving, without_pin
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 PLAN_WAIT = 20.0
@@ -73,15 +73,15 @@ def run_plan_command(args: argparse.Namespace, data_dir: Path) -> int:
         _print_pins(document)
         return _show_plan(args, data_dir, [args.agent] if args.agent else [], document.version, wait=0.0)
     change: Callable[[FleetDocument, Any], FleetDocument]
-    if command == "serve":
-        model = _model_source(args.source, args.endpoint)
-        change = lambda doc, now: serving(doc, model, now)  # noqa: E731
-    elif command == "pin":
-        pin = Pin(args.node, args.stage, required=not args.prefer)
-        change = lambda doc, now: with_pin(doc, pin, now)  # noqa: E731
+    if command == "pin":
+        document, signed = pin_node(fleet_dir, Pin(args.node, args.stage, required=not args.prefer))
     else:
-        change = lambda doc, now: without_pin(doc, args.node, now)  # noqa: E731
-    document, signed = edit_fleet_document(fleet_dir, change)
+        if command == "serve":
+            model = _model_source(args.source, args.endpoint)
+            change = lambda doc, now: serving(doc, model, now)  # noqa: E731
+        else:
+            change = lambda doc, now: without_pin(doc, args.node, now)  # noqa: E731
+        document, signed = edit_fleet_document(fleet_dir, change)
     print(f"fleet document version {document.version}: model {document.model or 'none'}; pins: {_pins(document)}")
     return _show_plan(args, data_dir, args.push, document.version, signed=signed)
 

@@ -296,8 +296,8 @@ class FakeAdmin:
             "It is redeemed while `shoal fleet serve-enrollment --listen 10.0.0.5:7300` runs on this PC.",
         )
 
-    async def revoke(self, node: str) -> AdminOutcome:
-        self.calls.append(("revoke", node))
+    async def revoke(self, node: str, drop_pins: bool = False) -> AdminOutcome:
+        self.calls.append(("revoke", node, drop_pins))
         self.nodes = [n if node not in (n.name, n.node_id) else replace(n, revoked=True) for n in self.nodes]
         return AdminOutcome(f"revoked {node}: revocation list version 1; no agent runs on this PC", "warning")
 

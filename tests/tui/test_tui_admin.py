@@ -156,6 +156,34 @@ def test_revoke_asks_first_then_the_node_is_revoked_in_the_list(tmp_path: Path, 
     run(main)
 
 
+def test_revoking_a_pinned_node_drops_its_pin_and_it_cannot_be_pinned_again(tmp_path: Path, fleet_dir: Path) -> None:
+    async def main() -> None:
+        admin = FleetAdmin(fleet_dir, None)
+        await admin.pin("beta", 1, prefer=False)
+        app = make_app(tmp_path, admin)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_admin(app, pilot)
+            screen.nodes.move_cursor(row=1)  # beta
+            await pilot.press("r")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the question")
+            assert isinstance(app.screen, ConfirmDialog) and "Its pin (stage 1) is dropped too" in app.screen.question
+            await pilot.press("y")
+            await until(pilot, lambda: current_fleet_document(fleet_dir).pins == (), "the pin dropped")
+            assert node_rows(fleet_dir)[1].revoked and current_fleet_document(fleet_dir).version == 2
+            await until(pilot, lambda: "dropped the required pin of beta on stage 1" in status_of(screen)[0], "said")
+            # the shared check refuses a pin of the revoked node, in one line on the status line
+            await pilot.press("p")
+            await until(pilot, lambda: isinstance(app.screen, PinDialog), "the pin dialog")
+            app.screen.query_one("#pin-node", Input).value = "beta"
+            app.screen.query_one("#pin-stage", Input).value = "1"
+            await pilot.press("enter")
+            await until(pilot, lambda: status_of(screen)[1] == "error", "the refusal")
+            assert status_of(screen)[0].startswith("cannot pin stage 1 to beta: beta is revoked")
+            assert current_fleet_document(fleet_dir).version == 2
+
+    run(main)
+
+
 def test_a_join_token_is_made_stored_and_copied(tmp_path: Path, fleet_dir: Path) -> None:
     async def main() -> None:
         app = make_app(tmp_path, FleetAdmin(fleet_dir, None, enrollment=("10.0.0.5", 7300)))

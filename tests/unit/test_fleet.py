@@ -15,7 +15,16 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.cli.main import main
 from agent.errors import FleetError
-from agent.fleet import FleetPaths, NodeIdentity, cert_fingerprint, init_fleet, issue_node, read_certificate
+from agent.fleet import (
+    FleetPaths,
+    NodeIdentity,
+    cert_fingerprint,
+    enrolled_nodes,
+    init_fleet,
+    issue_node,
+    read_certificate,
+    revoke_node,
+)
 
 pytestmark = pytest.mark.ring
 
@@ -119,9 +128,22 @@ def test_issue_to_custom_folder_and_reissue(tmp_path: Path) -> None:
     assert first.cert == out / "cert.pem"
     assert not (tmp_path / "fleet" / "nodes").exists()
     old = first.fingerprint
-    second = issue_node(tmp_path / "fleet", "pc1", out=out)
+    with pytest.raises(FleetError, match=r"a node named 'pc1' is enrolled already .*pass --force"):
+        issue_node(tmp_path / "fleet", "pc1", out=out)  # names are unique unless the admin insists
+    assert first.fingerprint == old and [e.name for e in enrolled_nodes(tmp_path / "fleet")] == ["pc1"]
+    second = issue_node(tmp_path / "fleet", "pc1", out=out, force=True)
     assert second.fingerprint != old  # re-issuing replaces the identity (renewal)
     assert sorted(p.name for p in out.iterdir()) == ["ca.pem", "cert.pem", "key.pem"]
+
+
+def test_a_revoked_name_is_free_again(tmp_path: Path) -> None:
+    init_fleet(tmp_path, "acme")
+    old = issue_node(tmp_path, "pc1").node_id
+    revoke_node(tmp_path, "pc1")
+    new = issue_node(tmp_path, "pc1").node_id  # the PC replaced: no --force needed
+    assert [e.node_id for e in enrolled_nodes(tmp_path)] == [old, new]
+    with pytest.raises(FleetError, match="enrolled already"):
+        issue_node(tmp_path, "pc1")
 
 
 @posix_only
@@ -222,6 +244,12 @@ def test_cli_init_and_issue(
     other = tmp_path / "other"
     assert main(["fleet", "issue", "pc-2", "--dir", str(fleet), "--out", str(other)]) == 0
     assert NodeIdentity.load(other).name == "pc-2"
+    capsys.readouterr()
+
+    assert main(["fleet", "issue", "pc-2", "--dir", str(fleet)]) == 1  # a second pc-2 only if the admin insists
+    assert "a node named 'pc-2' is enrolled already" in capsys.readouterr().err
+    assert main(["fleet", "issue", "pc-2", "--dir", str(fleet), "--force"]) == 0
+    assert [e.name for e in enrolled_nodes(fleet)] == ["pc-1", "pc-2", "pc-2"]
     capsys.readouterr()
 
     assert main(["fleet", "issue", "bad name"]) == 1
