@@ -48,7 +48,7 @@ from agent.errors import (
     SessionEvictedError,
 )
 from agent.head.adaptive_k import AdaptiveK
-from agent.head.chat import ChatTokenizer, TextStream, check_prompt
+from agent.head.chat import ChatTokenizer, TextStream, check_prompt, check_vocabulary
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import DrafterFactory
 from agent.head.resumable import ResumableTarget
@@ -336,7 +336,11 @@ class ChatService:
         else:
             prompt_ids = await loop.run_in_executor(None, tokenizer.encode_chat, request.chat_messages())
         try:
+            check_vocabulary(prompt_ids, manifest.arch.vocab_size, tokenizer)
             check_prompt(prompt_ids, request.max_tokens, manifest.context_tokens)
+        except ChatProtocolError as exc:
+            yield ChatEvent.error(exc.code, str(exc))
+            return
         except PromptTooLongError as exc:
             yield ChatEvent.error("prompt_too_long", str(exc))
             return

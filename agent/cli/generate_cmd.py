@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.head.adaptive_k import AdaptiveK
-from agent.head.chat import ChatTokenizer, TextStream
+from agent.head.chat import ChatTokenizer, TextStream, check_vocabulary
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import make_drafter
 from agent.head.targets import LocalTarget, Target
@@ -89,6 +89,7 @@ async def stream_answer(
         manifest = Manifest.load(export_dir)
         tokenizer = ChatTokenizer(export_dir / "tokenizer")
         prompt_ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        check_vocabulary(prompt_ids, manifest.arch.vocab_size, tokenizer)
         local_count = options.local_stages if options.ring else len(manifest.stages)
         if options.verify and local_count:
             manifest.verify(export_dir, graphs=list(manifest.stages[:local_count]))

@@ -8,19 +8,26 @@ because the little transformers does on top of ``tokenizers`` for such a folder 
 ``PreTrainedTokenizerFast``) is repeated here: the special tokens of the config that ``tokenizer.json``
 lacks are added, ``split_special_tokens`` and ``clean_up_tokenization_spaces`` are honoured, truncation and
 padding are off.
+
+One thing differs from transformers on purpose: what a message's content says stays text. A user who pastes
+``<|im_end|>\n<|im_start|>system`` into a message gets those characters encoded as plain text, not as the
+markers that would open a system turn of their own; the template's own markers are the only control tokens
+(``ChatTokenizer.encode_chat``). Conversations that spell no special token get transformers' ids.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from tokenizers import AddedToken, Tokenizer
 
-from agent.errors import ConfigError, PromptTooLongError
-from agent.head.chat_template import ChatTemplate, find_template
+from agent.errors import ChatProtocolError, ConfigError, PromptTooLongError
+from agent.head.chat_template import ChatTemplate, Span, find_template
 
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """transformers' named special tokens, in its order (the order new tokens get their ids in)."""
@@ -29,6 +36,11 @@ END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>")
 """Chat models end a turn with a marker that is not always the eos token."""
 
 _ADDED_TOKEN_FIELDS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+_OFFSET_MARK = "\U0010fffd\U000ffffd"
+"""An added token of the plain-text copy of a tokenizer (private-use characters), put before a piece of text
+that is encoded on its own, so that the piece is encoded as the rest of its text would be: some
+pre-tokenizers (SentencePiece's "first" metaspace) treat the text's first character differently."""
 
 SpecialToken: TypeAlias = AddedToken | str
 
@@ -143,6 +155,11 @@ class ChatTokenizer:
         self._clean_up = bool(config.get("clean_up_tokenization_spaces", False))
         source = find_template(tokenizer_dir, config)
         self._template = None if source is None else ChatTemplate(source, specials.template_variables(), tokenizer_dir)
+        matched = {} if self._tok.encode_special_tokens else self._tok.get_added_tokens_decoder()
+        self._special_ids = frozenset(i for i, t in matched.items() if t.special)
+        texts = sorted({str(matched[i]) for i in self._special_ids} - {""}, key=len, reverse=True)
+        self._special_texts = re.compile("|".join(map(re.escape, texts))) if texts else None
+        """The special tokens that text would be encoded to; None: text never is (``split_special_tokens``)."""
         unk = specials.named.get("unk_token")
         self._unk_id = None if unk is None else self._tok.token_to_id(str(unk))
         self.stop_ids = self._stop_ids(tokenizer_dir, specials.named.get("eos_token"))
@@ -166,13 +183,69 @@ class ChatTokenizer:
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a conversation with the generation prompt appended.
 
-        Without a chat template, the contents joined by newlines, with the tokenizer's own special tokens
-        (its post-processor adds BOS where the model expects it). A template that refuses the conversation
-        raises :class:`~agent.errors.ChatProtocolError`."""
+        The messages' contents are text: a special token's text written in one is encoded as the plain text
+        it is, and the only special tokens are those the template writes. Without a chat template, the
+        contents joined by newlines, with the tokenizer's own special tokens (its post-processor adds BOS
+        where the model expects it). A template that refuses the conversation raises
+        :class:`~agent.errors.ChatProtocolError`."""
         if self._template is None:
-            return self.encode("\n".join(m["content"] for m in messages), add_special_tokens=True)
-        # the template writes the special tokens itself: as apply_chat_template, add none
-        return self.encode(self._template.render(messages), add_special_tokens=False)
+            text = "\n".join(m["content"] for m in messages)
+            if self._special_texts is None or not self._special_texts.search(text):
+                return self.encode(text, add_special_tokens=True)
+            return list(self._plain.encode(text, add_special_tokens=True).ids)
+        if self._special_texts is None:
+            # the template writes the special tokens itself: as apply_chat_template, add none
+            return self.encode(self._template.render(messages), add_special_tokens=False)
+        text, literal = self._template.render_marking(messages, self._special_texts)
+        if not literal:
+            return self.encode(text, add_special_tokens=False)
+        return self._encode_keeping_text(text, literal)
+
+    def _encode_keeping_text(self, text: str, literal: list[Span]) -> list[int]:
+        """Token ids of ``text`` where a special token matched over a ``literal`` span is text after all.
+
+        The text is encoded once as it always is; the stretches between two of the template's markers that
+        hold such a match are encoded again as plain text (no special token matched), each as it would be
+        in its place, and their ids replace that stretch's."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        ids, offsets = encoding.ids, encoding.offsets
+
+        def written_by_content(index: int) -> bool:
+            start, end = offsets[index]
+            return any(start < stop and begin < end for begin, stop in literal)
+
+        markers = [i for i, t in enumerate(ids) if t in self._special_ids and not written_by_content(i)]
+        out: list[int] = []
+        previous = -1
+        for marker in [*markers, len(ids)]:
+            stretch = ids[previous + 1 : marker]
+            if any(t in self._special_ids for t in stretch):
+                start = offsets[previous][1] if previous >= 0 else 0
+                stop = offsets[marker][0] if marker < len(ids) else len(text)
+                stretch = self._plain_ids(text[start:stop], first=start == 0)
+            out += stretch
+            if marker < len(ids):
+                out.append(ids[marker])
+            previous = marker
+        return out
+
+    def _plain_ids(self, text: str, first: bool) -> list[int]:
+        """Ids of ``text`` with no special token matched; ``first``: it starts its prompt (else it follows a
+        marker, as :data:`_OFFSET_MARK` tells the pre-tokenizer; a text that holds the mark goes without)."""
+        if first or _OFFSET_MARK in text:
+            return list(self._plain.encode(text, add_special_tokens=False).ids)
+        return list(self._plain.encode(_OFFSET_MARK + text, add_special_tokens=False).ids[1:])
+
+    @functools.cached_property
+    def _plain(self) -> Tokenizer:
+        """A copy of the tokenizer that matches no special token in text (the first prompt whose contents
+        spell one makes it)."""
+        plain = Tokenizer.from_str(self._tok.to_str())
+        plain.no_truncation()
+        plain.no_padding()
+        plain.encode_special_tokens = True
+        plain.add_tokens([AddedToken(_OFFSET_MARK, special=False, normalized=False)])
+        return plain
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of plain ``text`` (special tokens written in it are matched as such, unless the folder sets
@@ -218,6 +291,32 @@ class TextStream:
             return ""
         delta, self._emitted = text[self._emitted :], len(text)
         return delta
+
+
+class TokenText(Protocol):
+    """What :func:`check_vocabulary` needs of a tokenizer (:class:`ChatTokenizer` has it)."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str:
+        """The text of ``ids``."""
+        ...
+
+
+def check_vocabulary(prompt_ids: Sequence[int], vocab_size: int, tokenizer: TokenText) -> None:
+    """Refuse, before anything is sent, a prompt holding ids that the tokenizer has and the model has not:
+    tokens added to the tokenizer past the model's vocabulary (SmolLM2's ``<FILL_ME>`` is 49156 of 49152),
+    for which stage 0 has no embedding. A :class:`~agent.errors.ChatProtocolError`: the request is at fault."""
+    outside = sorted({i for i in prompt_ids if not 0 <= i < vocab_size})
+    if outside:
+        named = ", ".join(
+            f"{tokenizer.decode([i], skip_special_tokens=False)!r} (id {i})" if i >= 0 else f"'id {i}'"
+            for i in outside[:5]
+        )
+        more = f" and {len(outside) - 5} more" if len(outside) > 5 else ""
+        which = "it" if len(outside) == 1 else "them"
+        raise ChatProtocolError(
+            f"the prompt holds {named}{more}, which the tokenizer knows and the model does not (its vocabulary "
+            f"is {vocab_size} tokens, ids 0-{vocab_size - 1}): take {which} out of the prompt"
+        )
 
 
 def check_prompt(prompt_ids: list[int], max_tokens: int, context_tokens: int) -> None:

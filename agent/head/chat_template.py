@@ -6,16 +6,21 @@ transformers' ``apply_chat_template`` compiles the Jinja template in an immutabl
 ``{% generation %}`` block (it marks the assistant's text; here it only renders its body). The variables are
 the messages, ``add_generation_prompt``, ``tools`` and ``documents`` (None: templates test ``is not none``)
 and the tokenizer's named special tokens. The same text gives the same token ids.
+
+Unlike transformers, a message's content that spells a special token (``<|im_end|>`` pasted by a user) does
+not become that control token: :meth:`ChatTemplate.render_marking` says where the contents wrote such texts,
+so that the tokenizer encodes them as plain text (``agent.head.chat``).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 
 import jinja2
 import jinja2.ext
@@ -26,6 +31,13 @@ from agent.errors import ChatProtocolError, ConfigError
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"
+
+_STAND_IN_FIRST = 0xF0000
+"""Contents' special-token texts stand behind characters from here (Unicode's plane 15, private use) while
+the template renders: one character each, never itself markup, and kept by ``tojson``."""
+
+Span: TypeAlias = tuple[int, int]
+"""Characters ``[start, end)`` of a text."""
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -116,3 +128,38 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:
             raise ChatProtocolError(f"the model's chat template refuses this conversation: {exc}") from exc
+
+    def render_marking(
+        self, messages: Sequence[Mapping[str, str]], specials: re.Pattern[str]
+    ) -> tuple[str, list[Span]]:
+        """:meth:`render`, and the spans of the text where the messages' contents wrote a match of ``specials``
+        (the special tokens' texts), which must stay text.
+
+        The template sees each such match as one private-use character, put back in the text it renders: so
+        it cannot take the match for its own markup, and a template that trims, escapes or wraps a content
+        moves the match with it. Without a match the text is :meth:`render`'s and the list is empty."""
+        contents = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+        found = sorted({match.group() for c in contents for match in specials.finditer(c)})
+        if not found:
+            return self.render(messages), []
+        used = set().union(*map(set, contents))
+        free = (chr(c) for c in range(_STAND_IN_FIRST, 0x10FFFE) if chr(c) not in used)
+        stand_in = {text: char for text, char in zip(found, free, strict=False)}
+        hidden = [
+            {**m, "content": specials.sub(lambda match: stand_in[match.group()], m["content"])}
+            if isinstance(m.get("content"), str)
+            else m
+            for m in messages
+        ]
+        text = {char: special for special, char in stand_in.items()}
+        pieces: list[str] = []
+        spans: list[Span] = []
+        done = length = 0
+        rendered = self.render(hidden)
+        for match in re.finditer("|".join(map(re.escape, stand_in.values())), rendered):
+            pieces += [rendered[done : match.start()], text[match.group()]]
+            length += match.start() - done
+            spans.append((length, length + len(text[match.group()])))
+            length, done = spans[-1][1], match.end()
+        pieces.append(rendered[done:])
+        return "".join(pieces), spans

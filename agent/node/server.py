@@ -405,8 +405,14 @@ class StageServer:
             if array.shape != (1, count) or array.dtype.kind != "i":
                 raise _SessionFailure("bad_request", f"stage 0 takes [1, {count}] token ids, not {array.shape}")
             ids = array.astype(np.int64)
-            if ids.min() < 0 or ids.max() >= manifest.arch.vocab_size:
-                raise _SessionFailure("bad_request", "token id outside the vocabulary")
+            vocab = manifest.arch.vocab_size
+            outside = ids[(ids < 0) | (ids >= vocab)]
+            if outside.size:  # refused here: the embedding's gather would read past its table, or give zeros
+                raise _SessionFailure(
+                    "bad_request",
+                    f"token id {int(outside[0])} is outside the model's vocabulary of {vocab} tokens "
+                    f"(ids 0-{vocab - 1}); the head must refuse such a prompt before sending it",
+                )
             return ids
         hidden = manifest.arch.hidden_size
         if array.shape != (1, count, hidden) or array.dtype.kind != "f":

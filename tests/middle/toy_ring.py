@@ -120,11 +120,13 @@ class ToyRing:
                 raise AssertionError(f"still not so after {timeout} s; sessions held: {self.held()}")
             await asyncio.sleep(0.005)
 
-    async def chat_agent(self, folder: Path, host: str = "10.9.0.50", **changes: object) -> Daemon:
+    async def chat_agent(
+        self, folder: Path, host: str = "10.9.0.50", tokenizer: type[ToyTokenizer] = ToyTokenizer, **changes: object
+    ) -> Daemon:
         """A started agent on ``host`` that heads chats: it serves a second stage 0 (computed in-process for
         its chats) in front of this ring's stage 1, and the ring's last stage answers it (``changes``: to its
         configuration, ``stages=(), next=None, ring_first=...`` for a head holding no stage; its endpoint file
-        goes in ``folder``)."""
+        goes in ``folder``; ``tokenizer``: the class it reads its export's tokenizer with)."""
         config = self.config(
             0,
             listen=(host, 7000),
@@ -135,7 +137,7 @@ class ToyRing:
         )
         stages = [ToyStage(self.manifest.stages[0], self.weights)] if config.stages else []
         network = self.network.host(host)
-        daemon = Daemon(config, f"chat-{host}", self.manifest, stages, network, load_tokenizer=ToyTokenizer)
+        daemon = Daemon(config, f"chat-{host}", self.manifest, stages, network, load_tokenizer=tokenizer)
         await daemon.start()
         self.chat_stages.extend(stages)
         return daemon
@@ -191,6 +193,19 @@ def run(main: Callable[[], Awaitable[T]], timeout: float = 20.0) -> T:
         return await asyncio.wait_for(main(), timeout)
 
     return asyncio.run(bounded())
+
+
+@contextlib.asynccontextmanager
+async def ring_and_client() -> AsyncIterator[tuple[ToyRing, RingClient]]:
+    """A started toy ring of three stages and a connected head holding no stage; both stopped at the end."""
+    ring = await ToyRing.start()
+    client = ring.client()
+    await client.connect()
+    try:
+        yield ring, client
+    finally:
+        await client.close()
+        await ring.stop()
 
 
 @contextlib.asynccontextmanager

@@ -223,5 +223,5 @@ class ToyTokenizer:
         ids = [FIRST_TEXT_ID + byte % (VOCAB - FIRST_TEXT_ID) for byte in text.encode()]
         return [BOS, *ids] if add_special_tokens else ids
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(ord("a") + (i - FIRST_TEXT_ID) % 26) for i in ids if i >= FIRST_TEXT_ID)
