@@ -98,6 +98,19 @@ async def serve_export(fleet_dir: Path, export_dir: Path, first: LocalAgent, adm
     await push_document(first.address, admin, control.FleetDocumentOffer(signed))
 
 
+def forming_line(plan: dict[str, Any]) -> str:
+    """The ring's forming in one line: each stage's node and its state, or ``stage 0: uncovered`` while no
+    node holds it (the plan's ``stages`` as ``shoal status --json`` shows them)."""
+
+    def told(stage: dict[str, Any]) -> str:
+        holder = stage.get("name") or stage.get("node")
+        if holder is None:
+            return f"stage {stage['stage']}: uncovered"
+        return f"stage {stage['stage']} {holder}: {stage.get('state') or 'starting'}"
+
+    return ", ".join(told(s) for s in plan.get("stages", [])) or plan.get("waiting") or "waiting for the plan"
+
+
 async def wait_for_ring(agents: list[LocalAgent], admin: NodeIdentity, started: float) -> dict[str, Any]:
     """The first agent's plan once its ring is ready, telling each step of the agents on the way."""
     from agent.cli.status_cmd import StatusLink
@@ -109,10 +122,7 @@ async def wait_for_ring(agents: list[LocalAgent], admin: NodeIdentity, started: 
         while time.monotonic() < deadline:
             plan = (await link.get()).get("plan")
             if isinstance(plan, dict):
-                stages = ", ".join(
-                    f"stage {s['stage']} {s['name']}: {s['state'] or 'starting'}" for s in plan["stages"]
-                )
-                line = stages or plan.get("waiting") or "waiting for the plan"
+                line = forming_line(plan)
                 if line != told:
                     print(f"  [{time.monotonic() - started:5.1f} s] {line}", file=sys.stderr)
                     told = line

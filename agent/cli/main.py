@@ -445,7 +445,8 @@ def run_reporting_errors(prog: str, job: Callable[[], int]) -> int:
 def quiet_libraries() -> None:
     """Keep the ML libraries' warnings and progress chatter off the terminal."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for name in ("nncf", "transformers", "optimum", "torch"):
+    # nncf sets its logger's level when imported: the export hands that logger to ours (shards/export/convert.py)
+    for name in ("transformers", "optimum", "torch"):
         logging.getLogger(name).setLevel(logging.ERROR)
     import warnings
 

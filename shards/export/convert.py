@@ -9,6 +9,11 @@ a ReadValue/Assign variable), and NNCF's ``compress_weights``.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +119,30 @@ def compress_weights(model: ov.Model, weights: str, has_embeddings: bool, has_he
     """
     if weights in ("fp16", "fp32"):
         return model
+    with _nncf_quietly():
+        return _compress(model, weights, has_embeddings, has_head)
+
+
+@contextlib.contextmanager
+def _nncf_quietly() -> Iterator[None]:
+    """While it lasts, nncf writes nothing on stdout (a command's results go there, ``shoal demo``'s answer).
+
+    nncf's import gives its logger a handler of its own on stdout, at INFO (bit-width tables on every
+    compression): its records go to this process's handlers instead (stderr), at the application's level (the
+    CLI's verbosity). Its progress bars (rich) print on whatever ``sys.stdout`` is when they draw: on stderr
+    where its INFO records would show (``shoal -v``), nowhere otherwise (the export's own bar tells the step)."""
+    from nncf.common.logging.logger import nncf_logger as nncf_log
+    from nncf.common.logging.logger import stdout_handler
+
+    nncf_log.removeHandler(stdout_handler)
+    nncf_log.propagate = True
+    nncf_log.setLevel(logging.NOTSET)
+    bars = sys.stderr if nncf_log.isEnabledFor(logging.INFO) else io.StringIO()
+    with contextlib.redirect_stdout(bars):
+        yield
+
+
+def _compress(model: ov.Model, weights: str, has_embeddings: bool, has_head: bool) -> ov.Model:
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
 
