@@ -13,7 +13,8 @@ TXT layout (schema 1). Every entry is ``key=value`` and at most 255 bytes (RFC 6
     fp   sha256 fingerprint of the node certificate
     v    software version      p   wire protocol version
     port the agent's port (ring and control channel)
-    i    instance: random per process start     t   process start, Unix seconds (who came first)
+    i    instance: random per process start     t   process start, Unix seconds (for people only: which of two
+         processes with one identity keeps it is decided on their control link, by no wall clock)
     q    sequence number, raised on every change (a receiver keeps the newest)
     dev  OpenVINO devices, comma-separated      mem MiB it can give a shard   spd measured speed (GFLOP/s)
     st   stages held, ``index:state`` comma-separated (state: cached, downloading, compiling, ready, standby), a
@@ -89,7 +90,8 @@ class Announcement:
     port: int
     instance: str
     started: int
-    """Unix seconds the agent's process started: of two processes with one identity, the later yields."""
+    """Unix seconds the agent's process started, by its wall clock: for people, never to decide anything (a
+    copy's clock may be minutes off; ``discovery.membership.outranks`` decides between copies)."""
     sequence: int = 0
     devices: tuple[str, ...] = ()
     memory_mb: int = 0

@@ -4,13 +4,17 @@ A control link is a ring connection whose HELLO names the role ``member``. After
 one ``hello`` message, then any of the others, as MEMBERS frames (JSON)::
 
     hello        {"kind": "hello", "announcement": {TXT properties}, "time": unix seconds, "revocations": version,
-                  "fleet": version}                                    versions of the signed documents held
+                  "fleet": version, "member_for": seconds or null, "up": seconds}
+                                      versions of the signed documents held; how long the sender has been a member
+                                      and running, by its monotonic clock (which of two copies keeps an identity)
     update       {"kind": "update", "announcement": {...}}           the sender's state changed
     gossip       {"kind": "gossip", "members": [{"host": ..., "announcement": {...}}, ...]}
     revocations  {"kind": "revocations", "document": "<the signed revocation list, base64>"}
     fleet        {"kind": "fleet", "document": "<the signed fleet document, base64>"}
     plan         {"kind": "plan", "plan": {...}}                      the coordinator's plan (``discovery.plan_codec``)
-    refused      {"kind": "refused", "reason": "..."}                 the link is about to close, and why
+    refused      {"kind": "refused", "reason": "...", "holder": {"host": ..., "announcement": {...}}}
+                                      the link is about to close, and why; ``holder``, if the sender already
+                                      holds a link to another process with the refused one's node id: where
     leave        {"kind": "leave"}                                    the sender stops on purpose
     ack          {"kind": "ack", "detail": "..."}                     an admin's push was taken
 
@@ -49,6 +53,10 @@ class Hello:
     """Version of the revocation list the sender holds (0: none)."""
     fleet: int = 0
     """Version of the fleet document the sender holds (0: none)."""
+    member_for: float | None = None
+    """Seconds since a member first accepted the sender's control link (None: none has yet)."""
+    up_for: float = 0.0
+    """Seconds since the sender's process started (its monotonic clock, not its wall clock)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,8 @@ class PlanOffer:
 @dataclass(frozen=True)
 class Refused:
     reason: str
+    holder: GossipEntry | None = None
+    """The other process with the refused one's node id that the sender holds a link to (a copied identity)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,8 @@ def to_frame(message: ControlMessage) -> Frame:
                 "time": message.time,
                 "revocations": message.revocations,
                 "fleet": message.fleet,
+                "member_for": message.member_for,
+                "up": message.up_for,
             }
         case Update():
             body = {"kind": "update", "announcement": message.announcement.to_properties()}
@@ -127,6 +139,11 @@ def to_frame(message: ControlMessage) -> Frame:
             body = {"kind": "plan", "plan": message.plan}
         case Refused():
             body = {"kind": "refused", "reason": message.reason}
+            if message.holder is not None:
+                body["holder"] = {
+                    "host": message.holder.host,
+                    "announcement": message.holder.announcement.to_properties(),
+                }
         case Leave():
             body = {"kind": "leave"}
         case Ack():
@@ -147,7 +164,10 @@ def from_frame(frame: Frame) -> ControlMessage:
     kind = body.get("kind")
     if kind == "hello":
         fleet = int(_number(body, "fleet")) if "fleet" in body else 0
-        return Hello(_announcement(body), _number(body, "time"), int(_number(body, "revocations")), fleet)
+        member_for = _duration(body, "member_for") if body.get("member_for") is not None else None
+        up_for = _duration(body, "up") if "up" in body else 0.0
+        revocations = int(_number(body, "revocations"))
+        return Hello(_announcement(body), _number(body, "time"), revocations, fleet, member_for, up_for)
     if kind == "update":
         return Update(_announcement(body))
     if kind == "gossip":
@@ -166,7 +186,9 @@ def from_frame(frame: Frame) -> ControlMessage:
         return PlanOffer(plan)
     if kind == "refused":
         reason = body.get("reason")
-        return Refused(reason[:500] if isinstance(reason, str) else "no reason given")
+        holder = body.get("holder")
+        entry = GossipEntry(_host(holder), _announcement(holder)) if holder is not None else None
+        return Refused(reason[:500] if isinstance(reason, str) else "no reason given", entry)
     if kind == "leave":
         return Leave()
     if kind == "ack":
@@ -196,6 +218,13 @@ def _number(body: dict[str, Any], key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RemoteProtocolError(f"MEMBERS: {key!r} must be a number")
     return float(value)
+
+
+def _duration(body: dict[str, Any], key: str) -> float:
+    value = _number(body, key)
+    if not 0 <= value < 1e10:  # json reads Infinity and NaN: neither is a duration
+        raise RemoteProtocolError(f"MEMBERS: {key!r} must be a number of seconds")
+    return value
 
 
 def _host(entry: Any) -> str:

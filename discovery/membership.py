@@ -17,6 +17,12 @@ States of a known peer::
 - *foreign*: of another fleet or an incompatible protocol: listed, never used.
 - *revoked*: its certificate is on the fleet's revocation list.
 
+One identity folder copied to a second PC gives two processes with one node id. The two decide between them,
+each alike, which keeps the identity (:func:`outranks`): the one a member accepted first, as the members saw it,
+never the one whose wall clock says it started first. Every other member keeps its link to the process it
+already holds and refuses the other, and a ``Left`` or ``LinkBroken`` of another process than the one held
+changes nothing: a copy that lost can never mark the node gone.
+
 Liveness comes from the TLS links only, never from mDNS: a killed process sends no goodbye, and its mDNS
 record outlives it by 1,125 s (``../shared/tools/netlab/NOTES.md``).
 """
@@ -98,6 +104,47 @@ class Verified:
 
 
 @dataclass(frozen=True)
+class Seniority:
+    """How long one process has held its identity, as its control hello tells it (``discovery.control``).
+
+    Of two processes with one node id, the senior keeps it (:func:`outranks`). Both durations come from the
+    process's monotonic clock: a wall clock set minutes wrong moves neither."""
+
+    instance: str
+    """The process's random nonce (the announcement's ``instance``): what decides at the very same moment."""
+    member_for: float | None
+    """Seconds since a fleet member first accepted its control link (None: none has yet)."""
+    up_for: float
+    """Seconds since the process started."""
+
+
+def outranks(mine: Seniority, theirs: Seniority) -> bool:
+    """Whether the process of ``mine`` keeps the identity over the one of ``theirs``.
+
+    The one a member accepted first wins; of two no member accepted yet, the one running longer (an agent
+    alone in its fleet against a copy that just dialled it); at the very same moment, the lower nonce. Both
+    processes call this with the two hellos of their link, swapped, and get opposite answers: exactly one
+    yields, whatever their clocks say."""
+    ours = (mine.member_for is not None, mine.member_for or 0.0, mine.up_for)
+    others = (theirs.member_for is not None, theirs.member_for or 0.0, theirs.up_for)
+    if ours != others:
+        return ours > others
+    return mine.instance < theirs.instance
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """Another process with this agent's own node id passed the TLS handshake: its identity folder was copied.
+
+    ``mine`` and ``theirs`` are what the two hellos of that link told (:class:`Seniority`)."""
+
+    announcement: Announcement
+    mine: Seniority
+    theirs: Seniority
+    at: float
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     """Something arrived on a member's control link."""
 
@@ -112,6 +159,8 @@ class LinkBroken:
     node: str
     at: float
     reason: str
+    instance: str
+    """The process the link was with: a link of another process than the one held says nothing of it."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +169,8 @@ class Left:
 
     node: str
     at: float
+    instance: str
+    """The process that said it: only the process held can say goodbye for its node."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +188,7 @@ class Revoked:
     at: float
 
 
-Event = Seen | Verified | Heartbeat | LinkBroken | Left | Tick | Revoked
+Event = Seen | Verified | Duplicate | Heartbeat | LinkBroken | Left | Tick | Revoked
 
 
 # -- state ----------------------------------------------------------------------------------------
@@ -151,6 +202,8 @@ class Membership:
     revoked: frozenset[str] = frozenset()
     duplicate: Announcement | None = None
     """Another running agent with this agent's own node id (its identity folder was copied)."""
+    yields_to_duplicate: bool = False
+    """Whether this agent lost the seniority check to a duplicate (:func:`outranks`), and so must stop."""
 
     def __post_init__(self) -> None:
         if self.lost_after <= 0:
@@ -162,12 +215,6 @@ class Membership:
     def in_state(self, *states: MemberState) -> list[Member]:
         """The known peers in any of ``states``, by node id."""
         return [m for _, m in sorted(self.members.items()) if m.state in states]
-
-    @property
-    def yields_to_duplicate(self) -> bool:
-        """Whether this agent is the later of two with one identity, and so must stop."""
-        other = self.duplicate
-        return other is not None and (other.started, other.instance) < (self.me.started, self.me.instance)
 
 
 def foreign_reason(me: Announcement, peer: Announcement) -> str | None:
@@ -189,9 +236,13 @@ def apply(event: Event, state: Membership) -> Membership:
         return _revoke(event, state)
     if isinstance(event, Seen | Verified):
         return _announced(event, state)
+    if isinstance(event, Duplicate):
+        return _duplicate(event, state)
     member = state.members.get(event.node)
     if member is None or member.state in (MemberState.REVOKED, MemberState.FOREIGN):
         return state
+    if isinstance(event, LinkBroken | Left) and event.instance != member.announcement.instance:
+        return state  # another process with this node id (a copy that lost the duplicate check) speaks not for it
     if isinstance(event, Heartbeat):
         if member.state in (MemberState.UNVERIFIED, MemberState.GONE):
             return state  # only a verified link's traffic counts; a peer that said goodbye is done with it
@@ -209,9 +260,7 @@ def apply(event: Event, state: Membership) -> Membership:
 def _announced(event: Seen | Verified, state: Membership) -> Membership:
     peer = event.announcement
     if peer.node == state.me.node:
-        if peer.instance == state.me.instance or isinstance(event, Seen):
-            return state  # ourselves (a seed or gossip naming this agent), or an unproven claim to our id
-        return replace(state, duplicate=peer)
+        return state  # ourselves (a seed or gossip naming this agent), or another process: a Duplicate event
     member = state.members.get(peer.node)
     verified = isinstance(event, Verified)
     if member is not None:
@@ -222,6 +271,8 @@ def _announced(event: Seen | Verified, state: Membership) -> Membership:
         held = member.announcement
         if not verified and peer.instance == held.instance and peer.sequence < held.sequence:
             return state  # an older announcement than the one held
+        if not verified and peer.instance != held.instance and member.state is MemberState.MEMBER:
+            return state  # a claim about another process than the one linked (a copy's) changes nothing
         if member.state is MemberState.GONE and peer.instance != held.instance and not verified:
             # a new process of a peer that said goodbye: a claim to check again
             found = frozenset({event.via}) | member.found
@@ -241,6 +292,14 @@ def _announced(event: Seen | Verified, state: Membership) -> Membership:
     host = member.host if member.state is MemberState.MEMBER else event.host
     newer = peer if peer.sequence >= member.announcement.sequence else member.announcement
     return _put(state, replace(member, announcement=newer, host=host, found=found))
+
+
+def _duplicate(event: Duplicate, state: Membership) -> Membership:
+    peer = event.announcement
+    if peer.node != state.me.node or peer.instance == state.me.instance:
+        return state
+    yields = state.yields_to_duplicate or not outranks(event.mine, event.theirs)
+    return replace(state, duplicate=peer, yields_to_duplicate=yields)
 
 
 def _tick(now: float, state: Membership) -> Membership:

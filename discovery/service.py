@@ -10,7 +10,9 @@ It turns what happens on the network into ``discovery.membership`` events and ap
 - gossips the members it knows to every link, so that one seed is enough without multicast;
 - passes on the fleet's signed documents (the revocation list, the fleet document) to every link, keeping the
   newest of each, and hands the plan messages of its links to the fleet plan (``discovery.plan_service``);
-- notices a second agent running with this agent's own identity, and stops the later of the two.
+- notices a second agent running with this agent's own identity: the two decide which keeps it
+  (``discovery.membership.outranks``: the one a member accepted first), and the other stops without a word
+  for the node; a member that holds a link to one of the two refuses the other and tells it where the first is.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from discovery.announcement import Announcement
 from discovery.kept import FleetDocumentKeeper, Kept, RevocationKeeper
 from discovery.membership import (
     LOST_AFTER,
+    Duplicate,
     Event,
     Heartbeat,
     Left,
@@ -49,11 +52,13 @@ from discovery.membership import (
     MemberState,
     Revoked,
     Seen,
+    Seniority,
     Source,
     Tick,
     Verified,
     apply,
     changes,
+    outranks,
 )
 
 log = logging.getLogger(__name__)
@@ -82,12 +87,22 @@ class MembershipSettings:
 @dataclass
 class _Link:
     node: str
+    instance: str
+    """The peer's process (its announcement's ``instance``): what it says on this link is about that process."""
     host: str
     connection: FrameConnection
     outbound: bool
     via: Source
     skew: float = 0.0
     """Peer's wall clock minus ours at the handshake (seconds)."""
+    dialled: tuple[str, int] | None = None
+    """The address this agent dialled (outbound links): where to wait before dialling again if refused."""
+    accepted: bool = False
+    """Whether the peer accepted this agent on it (it sent anything but a refusal)."""
+
+
+_SAME_IDENTITY = "same identity"
+"""What :meth:`MembershipService._refusal` says of another process with this agent's own node id."""
 
 
 class _Refusal(Exception):
@@ -130,6 +145,9 @@ class MembershipService:
         self._network = network
         self._clock = clock
         self._wall = wall
+        self._began = clock()
+        self._member_since: float | None = None
+        """When a member first accepted this agent's control link (``Seniority.member_for``)."""
         self.on_duplicate = on_duplicate
         self._mdns_addresses = mdns_addresses or []
         self._find_addresses = find_addresses
@@ -146,8 +164,11 @@ class MembershipService:
         self._claims: dict[tuple[str, int], Source] = {}
         """Addresses to dial once that announced our own node id (a copy of our identity, or a spoofer)."""
         self._announced: dict[str, Announcement] = {}
-        """What each linked peer announced on its link (checked against its certificate)."""
+        """What each linked peer announced on its link (checked against its certificate), from its handshake until
+        its last link ends: one process per node id (a second one is refused)."""
         self._wake = asyncio.Event()
+        self._duplicates: dict[str, str] = {}
+        """Instance of each process met with this agent's own node id -> where (``host:port``), for the log."""
         self._duplicate_reported = False
         self._stopping = False
         self.refused = 0
@@ -197,17 +218,20 @@ class MembershipService:
         )
 
     async def stop(self) -> None:
-        """Say ``leave`` on every link (peers mark this agent gone at once), then close them and mDNS."""
+        """Say ``leave`` on every link (peers mark this agent gone at once), then close them and mDNS. An agent
+        that yields its identity to an older process says no ``leave``: that would speak for the other one."""
         self._stopping = True
-        await asyncio.gather(*(self._say_leave(link) for link in self._links()))
+        speak = not self.state.yields_to_duplicate
+        await asyncio.gather(*(self._say_leave(link, speak) for link in self._links()))
         await self._tasks.cancel_all()
         if self._mdns is not None:
             await self._mdns.stop()
             self._mdns = None
 
-    async def _say_leave(self, link: _Link) -> None:
-        with contextlib.suppress(PeerUnavailableError):
-            await link.connection.send(control.to_frame(control.Leave()))
+    async def _say_leave(self, link: _Link, speak: bool) -> None:
+        if speak:
+            with contextlib.suppress(PeerUnavailableError):
+                await link.connection.send(control.to_frame(control.Leave()))
         await link.connection.close(goodbye=True)
 
     async def announce(self, **changes: Any) -> None:
@@ -304,8 +328,9 @@ class MembershipService:
                 self._gossip_about(change.node)
             if change.after in (MemberState.UNVERIFIED, MemberState.LOST):
                 self._wake.set()
-        if self.state.duplicate is not None and before.duplicate is None:
-            self._duplicate_found(self.state.duplicate)
+        duplicate = self.state.duplicate
+        if duplicate is not None and (before.duplicate is None or before.duplicate.instance != duplicate.instance):
+            self._duplicate_found(duplicate)
 
     def _seen_over_mdns(self, announcement: Announcement, host: str) -> None:
         self._seen(announcement, host, Source.MDNS)
@@ -320,7 +345,7 @@ class MembershipService:
         self._feed(Seen(announcement, host, via, self._clock()))
 
     def _duplicate_found(self, other: Announcement) -> None:
-        where = next((f"{link.host}:{other.port}" for link in self._links() if link.node == other.node), "the LAN")
+        where = self._duplicates.get(other.instance, "the LAN")
         if self.state.yields_to_duplicate:
             message = (
                 f"another agent already runs with this PC's identity (node {other.node}, {other.name}) at {where}: "
@@ -333,8 +358,8 @@ class MembershipService:
                 self.on_duplicate(message)
         else:
             log.warning(
-                "node=%s refused a second agent with this node's identity at %s (started later): its identity "
-                "folder is a copy of this PC's",
+                "node=%s refused a second agent with this node's identity at %s (a member later than this one): "
+                "its identity folder is a copy of this PC's, and it stops",
                 self.me.node,
                 where,
             )
@@ -381,8 +406,9 @@ class MembershipService:
             )
             await connection.send(WireHello(node=self.me.name, role="member").to_frame())
             await expect(connection, FrameType.HELLO, HANDSHAKE_TIMEOUT)
-            await connection.send(control.to_frame(self._hello()))
-            link = await self._handshake(connection, address[0], via, outbound=True)
+            ours = self._hello()
+            await connection.send(control.to_frame(ours))
+            link = await self._handshake(connection, address[0], via, ours, dialled=address)
         except _Refusal as refusal:
             self._dialling.discard(address)
             self._claims.pop(address, None)
@@ -426,9 +452,10 @@ class MembershipService:
             return
         try:
             await connection.send(WireHello(node=self.me.name, role="member").to_frame())
-            await connection.send(control.to_frame(self._hello()))
+            ours = self._hello()
+            await connection.send(control.to_frame(ours))
             host = connection.peer.rpartition(":")[0]
-            link = await self._handshake(connection, host, Source.INBOUND, outbound=False)
+            link = await self._handshake(connection, host, Source.INBOUND, ours)
         except _Refusal:
             return
         except (PeerUnavailableError, RemoteProtocolError) as exc:
@@ -466,15 +493,29 @@ class MembershipService:
             if not connection.closed:
                 await connection.close(goodbye=True)
 
-    async def _handshake(self, connection: FrameConnection, host: str, via: Source, outbound: bool) -> _Link:
-        """Read the peer's control hello and check it against its certificate; :class:`_Refusal` if refused."""
+    async def _handshake(
+        self,
+        connection: FrameConnection,
+        host: str,
+        via: Source,
+        sent: control.Hello,
+        dialled: tuple[str, int] | None = None,
+    ) -> _Link:
+        """Read the peer's control hello (``sent``: this agent's on the link) and check it against its certificate;
+        :class:`_Refusal` if refused. ``dialled``: the address this agent dialled (an outbound link)."""
         message = control.from_frame(await expect(connection, FrameType.MEMBERS, HANDSHAKE_TIMEOUT))
         if not isinstance(message, control.Hello):
             raise RemoteProtocolError(f"{connection.label} sent {type(message).__name__} before its hello")
         peer = message.announcement
         refusal = self._refusal(connection, peer)
+        duplicate = None
+        if refusal == _SAME_IDENTITY:
+            # the two hellos of this link decide, alike at both ends, which process keeps the identity
+            duplicate = Duplicate(peer, _seniority(sent), _seniority(message), self._clock())
+            self._duplicates[peer.instance] = f"{host}:{peer.port}"
+            refusal = _duplicate_refusal(peer, outranks(duplicate.mine, duplicate.theirs))
         if refusal is None:
-            self._announced[peer.node] = peer
+            self._announced[peer.node] = peer  # before any await: a second process of this node is refused now
             if (
                 self.revocations is not None
                 and self.revocations.document
@@ -483,15 +524,18 @@ class MembershipService:
                 await self._send_quietly(connection, control.to_frame(control.Revocations(self.revocations.document)))
             if self.fleet is not None and self.fleet.document and message.fleet < self.fleet.version:
                 await self._send_quietly(connection, control.to_frame(control.FleetDocumentOffer(self.fleet.document)))
-            return _Link(peer.node, host, connection, outbound, via, skew=message.time - self._wall())
+            outbound = dialled is not None
+            skew = message.time - self._wall()
+            return _Link(peer.node, peer.instance, host, connection, outbound, via, skew, dialled)
         itself = refusal == "self"
         if not itself:
             self.refused += 1
             log.warning("node=%s refused member link with %s: %s", self.me.node, connection.label, refusal)
-            await self._send_quietly(connection, control.to_frame(control.Refused(refusal)))
+            reply = control.Refused(refusal, self._holder_other_than(peer))
+            await self._send_quietly(connection, control.to_frame(reply))
         await connection.close(goodbye=True)
-        if peer.node == self.me.node and not itself:
-            self._feed(Verified(peer, host, via, self._clock()))  # records the duplicate
+        if duplicate is not None:
+            self._feed(duplicate)
         raise _Refusal(refusal, itself)
 
     def _refusal(self, connection: FrameConnection, peer: Announcement) -> str | None:
@@ -505,13 +549,26 @@ class MembershipService:
         if peer.node == self.me.node:
             if peer.instance == self.me.instance:
                 return "self"
-            return (
-                f"node {peer.node} is this agent's own identity: two agents run with one identity folder "
-                "(a copy); the later one must stop and enroll with `shoal join`"
-            )
+            return _SAME_IDENTITY  # which of the two stops: the caller decides from the link's two hellos
         if peer.node in self.state.revoked:
             return f"node {peer.node} ({peer.name}) is revoked"
+        held = self._announced.get(peer.node)
+        if held is not None and held.instance != peer.instance:
+            # the process linked first stays the member; had this one's link been taken, its goodbye on the
+            # way out (a copy that loses stops) would have marked the node gone while the first one serves
+            return (
+                f"node {peer.node} ({peer.name}) is already linked here from another process: two agents run "
+                "with one identity folder (a copy), or this is a restart before the old link timed out"
+            )
         return None
+
+    def _holder_other_than(self, peer: Announcement) -> control.GossipEntry | None:
+        """Where the process of ``peer``'s node id that this agent holds a link to is, if it is not ``peer``'s."""
+        held = self._announced.get(peer.node)
+        if held is None or held.instance == peer.instance:
+            return None
+        host = next((link.host for link in self._links() if link.node == peer.node), None)
+        return None if host is None else control.GossipEntry(host, held)
 
     async def _run_link(self, link: _Link) -> None:
         """Read one link until it ends; heartbeats from the dialling side."""
@@ -529,10 +586,13 @@ class MembershipService:
                 if beat is not None:
                     beat.heard(frame)
                 self._feed(Heartbeat(link.node, self._clock()))
+                message = control.from_frame(frame) if frame.type is FrameType.MEMBERS else None
+                if not link.accepted and not isinstance(message, control.Refused):
+                    self._accepted(link)
                 if frame.type is FrameType.PING:
                     await connection.send(pong(frame))
-                elif frame.type is FrameType.MEMBERS:
-                    await self._on_message(link, control.from_frame(frame))
+                elif message is not None:
+                    await self._on_message(link, message)
         except TimeoutError:
             reason = f"{connection.label} sent nothing for {timeout} s, not even a heartbeat"
         except PeerUnavailableError as exc:
@@ -544,12 +604,21 @@ class MembershipService:
             if pinger is not None:
                 pinger.cancel()
             self._forget(link)
+            if not self._linked(link.node):
+                self._announced.pop(link.node, None)  # another process of the node may link now
             if not connection.closed:
                 await connection.close(goodbye=False)
         # the last link to a peer broke without a goodbye: a crash or a cut (its other link, if any, decides)
         if reason and not self._stopping and not self._linked(link.node):
-            self._feed(LinkBroken(link.node, self._clock(), f"link broke without a goodbye: {reason}"))
+            why = f"link broke without a goodbye: {reason}"
+            self._feed(LinkBroken(link.node, self._clock(), why, link.instance))
             self._wake.set()
+
+    def _accepted(self, link: _Link) -> None:
+        """The peer of ``link`` accepted this agent: from the first such link on, this agent is a member."""
+        link.accepted = True
+        if self._member_since is None:
+            self._member_since = self._clock()
 
     def _linked(self, node: str) -> bool:
         return node in self._out or bool(self._in.get(node))
@@ -567,7 +636,7 @@ class MembershipService:
         now = self._clock()
         match message:
             case control.Update(announcement=peer):
-                if peer.node != link.node:
+                if peer.node != link.node or peer.instance != link.instance:
                     raise RemoteProtocolError(f"an update about node {peer.node} on the link of {link.node}")
                 self._announced[peer.node] = peer
                 self._feed(Verified(peer, link.host, link.via, now))
@@ -575,9 +644,15 @@ class MembershipService:
                 for entry in entries:
                     self._seen(entry.announcement, entry.host, Source.GOSSIP)
             case control.Leave():
-                self._feed(Left(link.node, now))
-            case control.Refused(reason=reason):
+                self._feed(Left(link.node, now, link.instance))
+            case control.Refused(reason=reason, holder=holder):
                 log.warning("node=%s member %s refused this agent: %s", self.me.node, link.node, reason)
+                self._feed(LinkBroken(link.node, now, f"refused this agent: {reason}", link.instance))
+                if link.dialled is not None:  # not again at once: what refused it is not over in a second
+                    self._retry[link.dialled] = (now + RETRY_MAX, RETRY_MAX)
+                if holder is not None and holder.announcement.node == self.me.node:
+                    # it holds another process with this agent's identity: meet it, and the two decide
+                    self._seen(holder.announcement, holder.host, Source.GOSSIP)
             case control.Revocations() | control.FleetDocumentOffer():
                 with contextlib.suppress(FleetError):  # logged; a bad document from a member does not cut its link
                     await self._offered(message, f"member {link.node} ({link.connection.label})")
@@ -591,11 +666,14 @@ class MembershipService:
 
     # -- messages ------------------------------------------------------------------------------
     def _hello(self) -> control.Hello:
+        now = self._clock()
         return control.Hello(
             self.me,
             self._wall(),
             self.revocations.version if self.revocations else 0,
             self.fleet.version if self.fleet else 0,
+            None if self._member_since is None else round(now - self._member_since, 3),
+            round(now - self._began, 3),
         )
 
     def _gossip(self) -> control.Gossip:
@@ -634,6 +712,19 @@ class MembershipService:
             "refused": self.refused,
             "members": [_member_status(m, now, skews.get(m.node)) for m in self.state.members.values()],
         }
+
+
+def _seniority(hello: control.Hello) -> Seniority:
+    return Seniority(hello.announcement.instance, hello.member_for, hello.up_for)
+
+
+def _duplicate_refusal(peer: Announcement, keep: bool) -> str:
+    """What this agent tells another process with its own identity (``keep``: this agent keeps it)."""
+    verdict = "this agent keeps it, yours stops" if keep else "yours keeps it, this agent stops"
+    return (
+        f"node {peer.node} is this agent's own identity: two agents run with one identity folder (a copy); the one "
+        f"a member accepted first keeps it ({verdict}); enroll the PC that stops with `shoal join`"
+    )
 
 
 def _member_status(member: Member, now: float, skew: float | None) -> dict[str, Any]:

@@ -10,7 +10,8 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.fleet.revocation import revoke_node
 from agent.node.config import AgentConfig
 from discovery.admin import push_revocations
+from discovery.announcement import Announcement
 from discovery.service import MembershipService
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.ring]
@@ -43,10 +45,17 @@ def folder(identity: NodeIdentity) -> Path:
 
 
 @asynccontextmanager
-async def agent(identity: NodeIdentity, *seeds: Daemon, **changes: Any) -> AsyncIterator[Daemon]:
+async def agent(
+    identity: NodeIdentity,
+    *seeds: Daemon,
+    before_start: Callable[[MembershipService], None] | None = None,
+    **changes: Any,
+) -> AsyncIterator[Daemon]:
     peers = tuple(d.addresses.ring for d in seeds if d.addresses is not None)
     config = AgentConfig(export_dir=None, stages=(), identity_dir=folder(identity), peers=peers, **changes)
     daemon = await Daemon.build(config)
+    if before_start is not None:
+        before_start(members(daemon))
     await daemon.start()
     try:
         yield daemon
@@ -113,6 +122,94 @@ def test_an_agent_with_a_copied_identity_is_refused_and_stops_with_what_to_do(
     with caplog.at_level(logging.WARNING):
         asyncio.run(main())
     assert any("refused a second agent with this node's identity" in r.getMessage() for r in caplog.records)
+
+
+def started_later(copy: MembershipService, original: MembershipService) -> None:
+    """The copy starts after the original, and its announced start says so."""
+    copy.state = replace(copy.state, me=replace(copy.me, started=original.me.started + 1))
+
+
+def started_the_same_second(copy: MembershipService, original: MembershipService) -> None:
+    """One announced start second for both; the copy's instance sorts first (the tie-break that was)."""
+    copy.state = replace(copy.state, me=replace(copy.me, started=original.me.started, instance="0" * 16))
+
+
+def clock_two_minutes_behind(copy: MembershipService, original: MembershipService) -> None:
+    """The copy's PC has its wall clock two minutes behind: it announces a start two minutes earlier."""
+    copy.state = replace(copy.state, me=replace(copy.me, started=original.me.started - 120))
+    copy._wall = lambda: time.time() - 120
+
+
+@pytest.mark.parametrize(
+    ("when", "seeds"),
+    [
+        (started_later, "beta"),  # it learns where the original is from beta's refusal
+        (started_later, "beta and alpha"),  # as mDNS finds both: it meets beta and the original at once
+        (started_the_same_second, "beta and alpha"),
+        (clock_two_minutes_behind, "beta and alpha"),
+    ],
+)
+def test_a_copy_that_joins_a_fleet_stops_and_the_original_stays_a_member_everywhere(
+    identities: dict[str, NodeIdentity],
+    caplog: pytest.LogCaptureFixture,
+    when: Callable[[MembershipService, MembershipService], None],
+    seeds: str,
+) -> None:
+    async def main() -> None:
+        async with agent(identities["alpha"]) as a, agent(identities["beta"], a) as b:
+            await until(lambda: states(a) == {"beta": "member"} and states(b) == {"alpha": "member"})
+            original = members(a).me
+            through = (b, a) if seeds == "beta and alpha" else (b,)
+            async with agent(identities["alpha"], *through, before_start=lambda c: when(c, members(a))) as copy:
+                await asyncio.wait_for(copy.stopped.wait(), 10.0)
+                assert copy.failure is not None and "shoal join" in copy.failure
+            for _ in range(20):  # the copy is gone: beta still has the original, at its own address
+                assert not a.stopped.is_set()
+                assert states(b) == {"alpha": "member"} and states(a) == {"beta": "member"}
+                alpha_at_b = members(b).state.members[original.node].announcement
+                assert (alpha_at_b.instance, alpha_at_b.port) == (original.instance, original.port)
+                await asyncio.sleep(0.1)
+
+    with caplog.at_level(logging.INFO, logger="discovery.service"):
+        asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records]
+    assert not any("(alpha): member -> gone" in line or "(alpha): member -> lost" in line for line in lines)
+    assert any("refused a second agent with this node's identity" in line for line in lines)
+
+
+def test_a_copy_a_member_took_elsewhere_yields_without_a_goodbye_when_the_two_halves_meet(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    init_fleet(tmp_path / "fleet", "ours")
+    ids = {name: issue_node(tmp_path / "fleet", name) for name in ("alpha", "beta", "gamma", "delta")}
+
+    def holds(daemon: Daemon, original: Announcement) -> bool:
+        member = members(daemon).state.get(original.node)
+        return (
+            member is not None and str(member.state) == "member" and member.announcement.instance == original.instance
+        )
+
+    async def main() -> None:
+        async with agent(ids["alpha"]) as a, agent(ids["beta"], a) as b, agent(ids["gamma"]) as c:
+            await until(lambda: states(b) == {"alpha": "member"})
+            original = members(a).me
+            async with AsyncExitStack() as stack:
+                # the copy joins gamma, which knows nothing of the original yet: there the copy is alpha
+                copy = await stack.enter_async_context(agent(ids["alpha"], c))
+                await until(lambda: states(c) == {"alpha": "member"} and states(copy) == {"gamma": "member"})
+                # delta links the two halves: the original and the copy meet, and the copy (a member later) stops
+                d = await stack.enter_async_context(agent(ids["delta"], b, c))
+                await asyncio.wait_for(copy.stopped.wait(), 20.0)
+                assert copy.failure is not None and "shoal join" in copy.failure
+                await copy.stop()  # as `shoal agent` does once told
+                await until(lambda: all(holds(x, original) for x in (b, c, d)), timeout=20.0)
+                assert not a.stopped.is_set()
+
+    with caplog.at_level(logging.INFO, logger="discovery.service"):
+        asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records]
+    assert not any("(alpha): member -> gone" in line for line in lines)  # nobody took the copy's word for it
+    assert any("refused a second agent with this node's identity" in line for line in lines)
 
 
 def test_an_agent_of_another_fleet_is_refused_at_the_handshake(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 
@@ -10,8 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.errors import RemoteProtocolError
+from agent.wire import Frame, FrameType
+from discovery import control
 from discovery.announcement import MAX_ENTRY, Announcement, HeldStage
 from discovery.membership import (
+    Duplicate,
     Event,
     Heartbeat,
     Left,
@@ -20,11 +24,13 @@ from discovery.membership import (
     MemberState,
     Revoked,
     Seen,
+    Seniority,
     Source,
     Tick,
     Verified,
     apply,
     changes,
+    outranks,
 )
 
 FLEET = "f" * 16
@@ -91,16 +97,16 @@ def test_the_lost_after_setting_decides() -> None:
 
 def test_a_broken_link_loses_a_member_at_once_and_a_goodbye_makes_it_gone() -> None:
     node = announce(1).node
-    state = run(Verified(announce(1), "h", Source.SEED, 0.0), LinkBroken(node, 1.0, "reset"))
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0), LinkBroken(node, 1.0, "reset", announce(1).instance))
     assert state_of(state, 1) is MemberState.LOST
-    state = run(Verified(announce(1), "h", Source.SEED, 0.0), Left(node, 1.0))
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0), Left(node, 1.0, announce(1).instance))
     assert state_of(state, 1) is MemberState.GONE
     assert apply(Tick(100.0), state) is state  # gone is not lost later
 
 
 def test_a_peer_that_said_goodbye_and_is_announced_by_a_new_process_is_checked_again() -> None:
     node = announce(1).node
-    state = run(Verified(announce(1), "h", Source.MDNS, 0.0), Left(node, 1.0))
+    state = run(Verified(announce(1), "h", Source.MDNS, 0.0), Left(node, 1.0, announce(1).instance))
     state = apply(Seen(announce(1), "h", Source.MDNS, 2.0), state)
     assert state_of(state, 1) is MemberState.GONE  # the same process's old record
     state = apply(Seen(announce(1, instance="abcdef01"), "h", Source.MDNS, 3.0), state)
@@ -135,14 +141,93 @@ def test_revocation_is_for_good() -> None:
 
 
 def test_our_own_announcement_is_not_a_member_and_a_copy_of_our_identity_is_a_duplicate() -> None:
+    copy = replace(ME, instance="12345678")
     assert run(Verified(ME, "h", Source.SEED, 0.0)).members == {}
-    assert run(Seen(replace(ME, instance="12345678"), "h", Source.MDNS, 0.0)).duplicate is None  # a claim only
-    older = replace(ME, instance="12345678", started=ME.started - 60)
-    state = run(Verified(older, "h", Source.SEED, 0.0))
-    assert state.duplicate == older and state.yields_to_duplicate
-    younger = replace(ME, instance="12345678", started=ME.started + 60)
-    state = run(Verified(younger, "h", Source.INBOUND, 0.0))
-    assert state.duplicate == younger and not state.yields_to_duplicate
+    assert run(Seen(copy, "h", Source.MDNS, 0.0)).duplicate is None  # a claim only
+    assert run(Verified(copy, "h", Source.SEED, 0.0)).members == {}
+    mine, theirs = Seniority(ME.instance, 30.0, 40.0), Seniority(copy.instance, None, 2.0)
+    state = run(Duplicate(copy, mine, theirs, 0.0))
+    assert state.duplicate == copy and not state.yields_to_duplicate
+    state = run(Duplicate(copy, theirs, mine, 0.0))
+    assert state.duplicate == copy and state.yields_to_duplicate
+    # once lost, lost: a third process that this one outranks does not undo it
+    third = replace(ME, instance="9abcdef0")
+    state = apply(Duplicate(third, theirs, Seniority(third.instance, None, 1.0), 1.0), state)
+    assert state.duplicate == third and state.yields_to_duplicate
+    assert run(Duplicate(ME, mine, mine, 0.0)).duplicate is None  # this very process
+
+
+@pytest.mark.parametrize(
+    ("senior", "junior"),
+    [
+        # accepted by a member first, whatever the running times
+        (Seniority("ffffffff", 0.5, 1.0), Seniority("00000000", None, 3600.0)),
+        (Seniority("ffffffff", 60.0, 61.0), Seniority("00000000", 59.9, 7200.0)),
+        # no member accepted either yet (an agent alone in its fleet, a copy dialling it): the longer running
+        (Seniority("ffffffff", None, 1.2), Seniority("00000000", None, 1.1)),
+        # the very same moment: the nonce, not a clock
+        (Seniority("00000000", 5.0, 9.0), Seniority("ffffffff", 5.0, 9.0)),
+        (Seniority("00000000", None, 9.0), Seniority("ffffffff", None, 9.0)),
+    ],
+)
+def test_of_two_processes_with_one_identity_the_one_a_member_accepted_first_keeps_it(
+    senior: Seniority, junior: Seniority
+) -> None:
+    assert outranks(senior, junior) and not outranks(junior, senior)
+
+
+seniorities = st.builds(
+    Seniority,
+    st.sampled_from(["00000000", "12345678", "ffffffff"]),
+    st.one_of(st.none(), st.sampled_from([0.0, 1.0, 2.5])),
+    st.sampled_from([0.0, 1.0, 2.5, 100.0]),
+)
+
+
+@given(seniorities, seniorities, seniorities)
+def test_exactly_one_of_two_processes_keeps_the_identity_and_the_order_is_total(
+    a: Seniority, b: Seniority, c: Seniority
+) -> None:
+    if a.instance != b.instance:
+        assert outranks(a, b) != outranks(b, a)  # both ends of a link decide alike: one yields
+    if outranks(a, b) and outranks(b, c):
+        assert outranks(a, c)  # three copies at once: the most senior is the one left
+
+
+def test_a_hello_tells_its_seniority_and_a_refusal_where_the_process_held_is() -> None:
+    for hello in (control.Hello(ME, 5.0, 1, 2, 12.5, 30.25), control.Hello(ME, 5.0, 1, 2, None, 0.5)):
+        assert control.from_frame(control.to_frame(hello)) == hello
+    refused = control.Refused("a copy", control.GossipEntry("10.0.0.1", announce(1)))
+    assert control.from_frame(control.to_frame(refused)) == refused
+    older = b'{"kind":"hello","announcement":%s,"time":5,"revocations":0}' % json.dumps(ME.to_properties()).encode()
+    assert control.from_frame(Frame.message(FrameType.MEMBERS, older)) == control.Hello(ME, 5.0)  # an older peer
+    for bad in (b"Infinity", b"NaN", b"-1", b'"long"'):
+        body = older.replace(b'"time":5', b'"time":5,"up":' + bad)
+        with pytest.raises(RemoteProtocolError, match="'up'"):
+            control.from_frame(Frame.message(FrameType.MEMBERS, body))
+
+
+def test_a_goodbye_or_a_broken_link_of_another_process_with_the_node_id_changes_nothing() -> None:
+    node, copy = announce(1).node, "c0c0c0c0"
+    state = run(Verified(announce(1), "h", Source.SEED, 0.0))
+    for event in (Left(node, 1.0, copy), LinkBroken(node, 1.0, "reset", copy)):
+        assert apply(event, state) is state
+    assert state_of(apply(Left(node, 1.0, announce(1).instance), state), 1) is MemberState.GONE
+
+
+def test_a_claim_about_another_process_with_a_members_node_id_does_not_replace_the_linked_one() -> None:
+    linked = announce(1)
+    copy = announce(1, instance="c0c0c0c0", port=7200).changed(donor="idle").changed(donor="busy")
+    state = run(Verified(linked, "10.0.0.1", Source.SEED, 0.0), Seen(copy, "10.0.0.9", Source.GOSSIP, 1.0))
+    member = state.members[linked.node]
+    assert (member.state, member.announcement, member.address) == (MemberState.MEMBER, linked, ("10.0.0.1", 7100))
+    # once the linked one is lost, a claim of another process is news again (a restart elsewhere)
+    lost = run(
+        Verified(linked, "10.0.0.1", Source.SEED, 0.0),
+        LinkBroken(linked.node, 1.0, "reset", linked.instance),
+        Seen(copy, "10.0.0.9", Source.GOSSIP, 2.0),
+    )
+    assert lost.members[linked.node].announcement == copy
 
 
 def test_a_newer_announcement_replaces_an_older_one_but_not_the_reverse() -> None:
@@ -162,7 +247,7 @@ def test_changes_name_every_move_once() -> None:
 def test_apply_is_pure() -> None:
     state = run(Verified(announce(1), "h", Source.SEED, 0.0))
     frozen = dict(state.members)
-    apply(LinkBroken(announce(1).node, 1.0, "x"), state)
+    apply(LinkBroken(announce(1).node, 1.0, "x", announce(1).instance), state)
     assert dict(state.members) == frozen
     with pytest.raises(TypeError):
         state.members["x"] = state.members[announce(1).node]  # type: ignore[index]
@@ -172,8 +257,10 @@ events = st.one_of(
     st.builds(lambda n, t: Verified(announce(n), "h", Source.SEED, t), st.integers(1, 5), st.floats(0, 100)),
     st.builds(lambda n, t: Seen(announce(n), "h", Source.MDNS, t), st.integers(1, 5), st.floats(0, 100)),
     st.builds(lambda n, t: Heartbeat(announce(n).node, t), st.integers(1, 5), st.floats(0, 100)),
-    st.builds(lambda n, t: LinkBroken(announce(n).node, t, "x"), st.integers(1, 5), st.floats(0, 100)),
-    st.builds(lambda n, t: Left(announce(n).node, t), st.integers(1, 5), st.floats(0, 100)),
+    st.builds(
+        lambda n, t: LinkBroken(announce(n).node, t, "x", announce(n).instance), st.integers(1, 5), st.floats(0, 100)
+    ),
+    st.builds(lambda n, t: Left(announce(n).node, t, announce(n).instance), st.integers(1, 5), st.floats(0, 100)),
     st.builds(Tick, st.floats(0, 100)),
 )
 
@@ -240,7 +327,9 @@ def test_a_malformed_announcement_is_one_protocol_error(damage: dict[str, bytes]
 def test_a_link_the_same_process_opens_after_its_goodbye_proves_nothing() -> None:
     node = announce(1).node
     state = run(
-        Verified(announce(1), "h", Source.SEED, 0.0), Left(node, 1.0), Verified(announce(1), "h", Source.INBOUND, 1.1)
+        Verified(announce(1), "h", Source.SEED, 0.0),
+        Left(node, 1.0, announce(1).instance),
+        Verified(announce(1), "h", Source.INBOUND, 1.1),
     )
     assert state_of(state, 1) is MemberState.GONE
     restarted = apply(Verified(announce(1, instance="abcdef01"), "h", Source.INBOUND, 5.0), state)
