@@ -131,10 +131,17 @@ class FleetPlanService:
         await self._tasks.cancel_all()
 
     async def _run(self) -> None:
+        failure: str | None = None
         while True:
-            with contextlib.suppress(ShoalError):
-                await self._model_step()
-            self._plan_step()
+            try:
+                with contextlib.suppress(ShoalError):
+                    await self._model_step()
+                self._plan_step()
+                failure = None
+            except Exception as exc:  # the plan must outlive what it did not expect: logged once, tried next tick
+                if repr(exc) != failure:
+                    log.exception("node=%s the plan's step failed (trying again every %.1f s)", self.me, TICK)
+                failure = repr(exc)
             await asyncio.sleep(TICK)
 
     # -- the model -----------------------------------------------------------------------------

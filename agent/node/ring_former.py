@@ -17,6 +17,7 @@ status shows it, and a head sends its chats only once every stage of the plan is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,10 @@ from shards.manifest import Manifest
 log = logging.getLogger(__name__)
 
 RETRY = 2.0
-"""Seconds before trying again a step that failed (a download cut off, a next stage not known yet)."""
+"""Seconds before trying again a step that must wait (a next stage not known yet), and before the first retry of a
+step that failed (a download cut off, a file that fails its check)."""
+RETRY_MAX = 60.0
+"""A step that keeps failing is tried again after 2, 4, 8 ... seconds, never more than this apart."""
 PROGRESS_STEP = 10
 """A download's progress is announced to the fleet each time it passes a multiple of this many percent."""
 
@@ -114,6 +118,9 @@ class RingFormer:
         self.progress: dict[str, Any] | None = None
         """The download in progress: ``{"stage", "done", "total"}`` bytes (for the status and the TUI)."""
         self.error: str | None = None
+        """Why the last pass did not finish (a failure, or what it waits for)."""
+        self.tries = 0
+        """Passes that failed in a row (what the plan waits for does not count)."""
 
     @property
     def roles(self) -> dict[str, Any]:
@@ -132,19 +139,45 @@ class RingFormer:
             changed.clear()
             try:
                 await self._converge()
-                self.error = None
-            except ShoalError as exc:
-                if str(exc) != self.error:
-                    log.log(
-                        logging.INFO if isinstance(exc, _NotYet) else logging.WARNING,
-                        "node=%s %s",
-                        self.server.node,
-                        exc,
-                    )
-                self.error = str(exc)
-                await asyncio.sleep(RETRY)
-                changed.set()
-            await changed.wait()
+            except _NotYet as exc:
+                self._waiting(exc)
+                await self._pause(changed, RETRY)
+            except Exception as exc:  # a long-lived loop must outlive what it did not expect: try again later
+                await self._pause(changed, self._failed(exc))
+            else:
+                self.error, self.tries = None, 0
+                await changed.wait()
+
+    def _waiting(self, exc: _NotYet) -> None:
+        if str(exc) != self.error:
+            log.info("node=%s %s", self.server.node, exc)
+        self.error, self.tries = str(exc), 0
+
+    def _failed(self, exc: Exception) -> float:
+        """Note a failed pass (logged once while it repeats; with its traceback if it is not one of shoal's own
+        errors) and return the seconds to wait before the next."""
+        self.tries += 1
+        message = str(exc) if isinstance(exc, ShoalError) else f"{type(exc).__name__}: {exc}"
+        delay = min(RETRY_MAX, RETRY * 2 ** (self.tries - 1))
+        if message != self.error:
+            log.warning(
+                "node=%s %s (try %d; next in %.0f s)",
+                self.server.node,
+                message,
+                self.tries,
+                delay,
+                exc_info=None if isinstance(exc, ShoalError) else exc,
+            )
+        else:
+            log.debug("node=%s %s (try %d; next in %.0f s)", self.server.node, message, self.tries, delay)
+        self.error = message
+        return delay
+
+    @staticmethod
+    async def _pause(changed: asyncio.Event, seconds: float) -> None:
+        """Wait ``seconds``, or less if the plan changes meanwhile (then its pass is due now)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), seconds)
 
     async def _converge(self) -> None:
         """One pass towards the plan in force (a plan that changes meanwhile gets the next pass)."""
@@ -273,4 +306,5 @@ class RingFormer:
             "serving": None if self._serving is None else self._serving[1],
             "download": self.progress,
             "error": self.error,
+            "tries": self.tries,
         }

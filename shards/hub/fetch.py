@@ -5,11 +5,16 @@ heads chats, the tokenizer with its chat-template files and the draft graph; alw
 lists them all with their size and sha256. The revision is pinned to a commit, so every agent gets the same
 bytes, and a fetch of a commit already in the cache needs no network.
 
-huggingface_hub does the transfer (``snapshot_download`` with ``allow_patterns``) into its cache: the shared
-Hugging Face cache, or the agent's own cache folder. Within one download it resumes after a dropped
-connection (HTTP ranges); across runs, files already complete are kept and not fetched again. The endpoint is
-the Hub, or an office mirror given by ``HF_ENDPOINT`` (read at each call) or the ``endpoint`` argument. When it
-cannot be reached, the fetch is served from the cache alone.
+huggingface_hub brings the manifest into its cache (the shared Hugging Face cache, or the agent's own cache
+folder), and its ``http_get`` moves each wanted file, ``max_workers`` at a time, into the same commit's
+snapshot folder. A transfer that fails leaves its partial file behind (``shoal-partial/`` beside the cache's
+own folders of the repository), and the next fetch resumes it with an HTTP ``Range`` where it stopped, to
+within huggingface_hub's 10 MB chunk: huggingface_hub's own downloads delete their partial file on failure, so
+a mirror that drops out mid-file would otherwise cost the whole file again. Within one transfer, huggingface_hub
+itself resumes a dropped connection a few times. Files already complete are kept and not fetched again. The
+endpoint is the Hub, or an office mirror given by ``HF_ENDPOINT`` (read at each call) or the ``endpoint``
+argument. When it cannot be reached, the fetch is served from the cache alone. huggingface_hub's shared HTTP
+client is kept usable across its own retries (``shards.hub.http_client``).
 
 Nothing is handed out unchecked: every file's size and sha256 are compared with the manifest before
 :func:`fetch_shards` returns. A bad file is deleted (the snapshot's link and the blob it points to) and
@@ -20,19 +25,20 @@ not left in the cache. Every call blocks (downloads, hashing): the agent runs it
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 import os
 import re
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+from filelock import FileLock
+from huggingface_hub import HfApi, hf_hub_download, hf_hub_url
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -42,9 +48,12 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.file_download import http_get, repo_folder_name
+from huggingface_hub.utils import build_hf_headers
 from tqdm.auto import tqdm
 
 from agent.errors import ConfigError, IntegrityError, ManifestError, ShoalError, SourceError
+from shards.hub.http_client import keep_client_usable
 from shards.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file
 
 log = logging.getLogger(__name__)
@@ -56,6 +65,9 @@ quick (hand the numbers to the event loop, for example). Files already in the ca
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 PROBE_TIMEOUT = 10.0
 """Seconds to wait for the endpoint's answer to the first request before fetching from the cache alone."""
+_TRANSFER_ERRORS = (OSError, httpx.HTTPError, EntryNotFoundError, RuntimeError)
+"""What huggingface_hub raises when a transfer fails: RuntimeError is httpx refusing a client that was closed
+(``shards.hub.http_client`` keeps the shared one usable; a client of the caller's own may still be closed)."""
 
 
 @dataclass(frozen=True)
@@ -93,12 +105,6 @@ def wanted_files(manifest: Manifest, request: ShardRequest) -> list[FileEntry]:
     for entry in entries:
         unique.setdefault(entry.path, entry)
     return list(unique.values())
-
-
-def allow_patterns(manifest: Manifest, request: ShardRequest) -> list[str]:
-    """``snapshot_download``'s ``allow_patterns`` for ``request``: ``manifest.json`` and each wanted path, escaped
-    so that every pattern matches exactly one file (nothing else in the repository is downloaded)."""
-    return [glob.escape(p) for p in [MANIFEST_NAME, *(f.path for f in wanted_files(manifest, request))]]
 
 
 def fetch_manifest(
@@ -157,6 +163,7 @@ class _Fetch:
         token: str | bool | None,
         timeout: float,
     ) -> None:
+        keep_client_usable()
         self.request = request
         self.repo_id, self.revision = request.repo_id, request.revision
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
@@ -189,11 +196,7 @@ class _Fetch:
             sum(f.size for f in cached) / 1e6,
         )
         with _Bytes(total, sum(f.size for f in cached), callback, progress_bar, f"fetch {self.repo_id}") as counter:
-            if len(cached) < len(files):
-                # offline, the same lookup is made in the cache alone; what it lacks is reported by the checks
-                patterns = allow_patterns(manifest, self.request)
-                self.download_all(patterns, counter, max_workers, local_only=not self.online())
-            self.check_all(folder, files, counter, progress_bar)
+            self.check_all(folder, files, counter, progress_bar, max_workers)
             counter.finish()
         log.info("fetched %s: %d files checked in %.1f s", self.where, len(files), time.monotonic() - started)
         return folder
@@ -209,7 +212,7 @@ class _Fetch:
             HfApi(endpoint=self.endpoint, token=self.token).repo_info(
                 self.repo_id, revision=self.revision, repo_type="model", timeout=self.timeout
             )
-        except (httpx.TransportError, OfflineModeIsEnabled) as exc:
+        except (httpx.TransportError, OfflineModeIsEnabled, RuntimeError) as exc:
             self.offline_reason = f"cannot be reached ({_describe(exc)})"
         except HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else None
@@ -241,23 +244,6 @@ class _Fetch:
         return Manifest.load(path.parent), path.parent
 
     # -- downloads -----------------------------------------------------------------------------
-    def download_all(self, patterns: list[str], counter: _Bytes, max_workers: int, local_only: bool) -> None:
-        """``snapshot_download`` of the wanted files. A failure of one file is left to the checks, which fetch
-        what is missing one by one with a precise error."""
-        try:
-            snapshot_download(
-                self.repo_id,
-                **self._where_args(),
-                allow_patterns=patterns,
-                local_files_only=local_only,
-                max_workers=max_workers,
-                tqdm_class=counter.tqdm_class(),
-            )
-        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
-            raise self.source_error(exc, "the repository") from exc
-        except (OSError, httpx.HTTPError, EntryNotFoundError) as exc:
-            log.warning("%s: the bulk download stopped (%s): fetching file by file", self.where, _describe(exc))
-
     def download(self, filename: str, *, force: bool = False, local_only: bool = False, tqdm_class: Any = None) -> Path:
         """One file of the commit, through the cache (``force``: downloaded even if cached)."""
         try:
@@ -270,7 +256,7 @@ class _Fetch:
                 etag_timeout=self.timeout,
                 tqdm_class=tqdm_class,
             )
-        except (OSError, httpx.HTTPError, EntryNotFoundError, ValueError) as exc:
+        except (*_TRANSFER_ERRORS, ValueError) as exc:
             raise self.source_error(exc, filename) from exc
         return Path(str(path))
 
@@ -310,41 +296,94 @@ class _Fetch:
         return SourceError(f"{self.where}: cannot download {what} from {self.endpoint_name} ({exc.__cause__ or exc})")
 
     # -- checks --------------------------------------------------------------------------------
-    def check_all(self, folder: Path, files: list[FileEntry], counter: _Bytes, bar: bool) -> None:
-        """Every wanted file against the manifest; a bad or missing one is fetched once more, then refused."""
-        bad: list[tuple[FileEntry, str]] = []
+    def check_all(self, folder: Path, files: list[FileEntry], counter: _Bytes, bar: bool, max_workers: int) -> None:
+        """Every wanted file against the manifest: a bad one is deleted, and what is missing then is downloaded
+        (``max_workers`` files at a time) and checked; a file still bad after a second download is refused."""
+        missing: list[FileEntry] = []
         with tqdm(total=counter.total, unit="B", unit_scale=True, desc="check", leave=False, disable=not bar) as shown:
             for entry in files:
                 problem = _problem(folder / entry.path, entry)
+                if problem is not None and problem != _MISSING:
+                    log.warning("%s: %s %s: deleted, fetching it again", self.where, entry.path, problem)
+                    _evict(folder / entry.path)
+                    counter.add(-entry.size)
+                    if not self.online():
+                        raise IntegrityError(
+                            f"{self.where}: {entry.path} {problem}; the bad copy was deleted, and it cannot be "
+                            f"fetched again: {self.endpoint_name} {self.offline_reason}"
+                        )
                 if problem is not None:
-                    bad.append((entry, problem))
+                    missing.append(entry)
                 shown.update(entry.size)
-        missing = [e.path for e, problem in bad if problem == _MISSING]
         if missing and not self.online():
             raise SourceError(
                 f"{self.where}: {self.endpoint_name} {self.offline_reason} and the cache ({self.cache_name}) lacks "
-                f"{len(missing)} of the requested files: {', '.join(missing)}"
+                f"{len(missing)} of the requested files: {', '.join(e.path for e in missing)}"
             )
-        for entry, problem in bad:
-            path = folder / entry.path
-            if problem != _MISSING:
+        with ThreadPoolExecutor(max_workers, thread_name_prefix="shoal-fetch") as pool:
+            # every download runs to its end (a failure keeps its partial file for the next try); the first
+            # failure is raised after
+            for done in [pool.submit(self.fetch_checked, entry, folder, counter) for entry in missing]:
+                done.result()
+
+    def fetch_checked(self, entry: FileEntry, folder: Path, counter: _Bytes) -> None:
+        """Download one file and check it; one that fails its check is downloaded once more from its start, then
+        refused (the bad copy is not kept)."""
+        for attempt in (1, 2):
+            problem = self.download_resumable(entry, folder / entry.path, counter)
+            if problem is None:
+                if attempt == 2:
+                    log.info("%s: %s fetched again and checked", self.where, entry.path)
+                return
+            if attempt == 1:
                 log.warning("%s: %s %s: deleted, fetching it again", self.where, entry.path, problem)
-                _evict(path)
                 counter.add(-entry.size)
-                if not self.online():
-                    raise IntegrityError(
-                        f"{self.where}: {entry.path} {problem}; the bad copy was deleted, and it cannot be "
-                        f"fetched again: {self.endpoint_name} {self.offline_reason}"
-                    )
-            self.download(entry.path, force=problem != _MISSING, tqdm_class=counter.tqdm_class())
-            again = _problem(path, entry)
-            if again is not None:
-                _evict(path)
-                raise IntegrityError(
-                    f"{self.where}: {entry.path} {again} (fetched twice from {self.endpoint_name}; "
-                    "the bad copy was deleted)"
+        raise IntegrityError(
+            f"{self.where}: {entry.path} {problem} (fetched twice from {self.endpoint_name}; the bad copy was deleted)"
+        )
+
+    def download_resumable(self, entry: FileEntry, destination: Path, counter: _Bytes) -> str | None:
+        """Download ``entry`` into a partial file that outlives a failed transfer, so that the next try resumes it
+        with an HTTP ``Range`` where this one stopped (huggingface_hub's own downloads start again from zero: it
+        deletes its partial file on failure). The whole file is checked against the manifest: if it passes, it
+        is moved to ``destination`` (None returned); if not, it is deleted and what is wrong returned."""
+        partial = self.partials / f"{entry.sha256}.incomplete"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        url = hf_hub_url(self.repo_id, entry.path, revision=self.revision, endpoint=self.endpoint)
+        # one writer per partial file: two agents sharing a cache must not append to the same one
+        with FileLock(f"{partial}.lock"), partial.open("ab") as out:
+            have = out.tell()
+            if have > entry.size:
+                out.truncate(0)
+                have = 0
+            if have:
+                log.info("%s: resuming %s at %d of %d bytes", self.where, entry.path, have, entry.size)
+                counter.add(have)
+            try:
+                http_get(
+                    url,
+                    out,
+                    resume_size=have,
+                    headers=build_hf_headers(token=self.token),
+                    expected_size=entry.size,
+                    displayed_filename=entry.path,
+                    tqdm_class=counter.tqdm_class(),
                 )
-            log.info("%s: %s fetched again and checked", self.where, entry.path)
+            except (*_TRANSFER_ERRORS, HfHubHTTPError) as exc:
+                raise self.source_error(exc, entry.path) from exc
+        problem = _problem(partial, entry)
+        if problem is not None:
+            partial.unlink(missing_ok=True)
+            return problem
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        _evict(destination)
+        os.replace(partial, destination)
+        return None
+
+    @property
+    def partials(self) -> Path:
+        """Where this repository's unfinished downloads wait (beside huggingface_hub's own folders of it)."""
+        return Path(self.cache_name) / repo_folder_name(repo_id=self.repo_id, repo_type="model") / "shoal-partial"
 
 
 _MISSING = "missing"

@@ -8,6 +8,7 @@ own, so what arrived is exactly what that fetch asked for.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -28,6 +29,7 @@ from discovery.fleet_document import ModelSource
 from shards.hub.fetch import ShardRequest, fetch_manifest, fetch_shards
 from shards.hub.publish import export_paths, mirror_repo_path, publish_to_hub, publish_to_mirror
 from shards.manifest import MANIFEST_NAME, Manifest, sha256_file
+from tests.support.flaky_proxy import FlakyProxy
 from tests.support.olah_mirror import OlahMirror
 
 REPO_ID = "shoal-test/smollm2-int4"
@@ -109,8 +111,11 @@ def files_in(folder: Path) -> set[str]:
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
 
-def blobs(cache: Path) -> list[Path]:
-    return sorted(p for p in cache.glob("models--*/blobs/*") if p.is_file())
+def stored(cache: Path) -> list[Path]:
+    """Every downloaded file the cache holds: huggingface_hub's blobs (the manifest) and the files shoal moved
+    into the snapshot folders (the stages')."""
+    in_snapshots = (p for p in cache.glob("models--*/snapshots/**/*") if p.is_file() and not p.is_symlink())
+    return sorted([*(p for p in cache.glob("models--*/blobs/*") if p.is_file()), *in_snapshots])
 
 
 def test_publish_to_mirror_commits_exactly_the_manifests_files_once_per_change(
@@ -135,7 +140,7 @@ def test_a_stage_fetch_brings_only_that_stage_and_it_compiles(export: Path, stag
     manifest = Manifest.load(export)
     stage = manifest.stages[1]
     assert files_in(stage1.folder) == {MANIFEST_NAME, *(f.path for f in stage.files)}
-    assert len(blobs(stage1.cache)) == len(stage.files) + 1  # nothing else was downloaded
+    assert len(stored(stage1.cache)) == len(stage.files) + 1  # nothing else was downloaded
     total = sum(f.size for f in stage.files)
     seen = stage1.progress
     assert seen[0] == (0, total) and seen[-1] == (total, total)
@@ -153,7 +158,7 @@ def test_an_agent_tells_which_stages_its_cache_holds(export: Path, good: str, st
     assert ShardSource(cache_dir=stage1.cache).cached_stages(model, manifest) == (1,)
     assert ShardSource(cache_dir=tmp_path / "empty").cached_stages(model, manifest) == ()
     cut = warm(stage1, tmp_path)
-    with open(max(blobs(cut), key=lambda p: p.stat().st_size), "r+b") as blob:  # the stage's weights
+    with open(max(stored(cut), key=lambda p: p.stat().st_size), "r+b") as blob:  # the stage's weights
         blob.truncate(1024)  # a download cut off: not held
     assert ShardSource(cache_dir=cut).cached_stages(model, manifest) == ()
     assert ShardSource().cached_stages(ModelSource(export_dir=str(export)), manifest) == tuple(
@@ -199,7 +204,7 @@ def test_a_file_changed_on_the_mirror_is_refused_named_and_not_kept(
     assert any("fetching it again" in r.getMessage() for r in caplog.records)
     snapshot = next(cache.glob("models--*/snapshots")) / bad
     assert not (snapshot / TAMPERED).exists() and not (snapshot / TAMPERED).is_symlink()
-    assert actual not in {sha256_file(b) for b in blobs(cache)}
+    assert actual not in {sha256_file(b) for b in stored(cache)}
 
 
 def test_a_file_corrupted_in_the_cache_is_fetched_again(
@@ -227,10 +232,11 @@ def test_an_interrupted_fetch_downloads_only_what_it_lacks(
     folder = cache / stage1.folder.relative_to(stage1.cache)
     files = Manifest.load(export).stages[1].files
     lost = next(f for f in files if f.path.endswith(".xml"))
-    # as if the run had stopped before this file: no link, no blob, a partial download left behind
-    blob = (folder / lost.path).resolve()
+    # as if the run had stopped in this file: not in the snapshot, its first half left as a partial download
+    partial = next(cache.glob("models--*")) / "shoal-partial" / f"{lost.sha256}.incomplete"
+    partial.parent.mkdir(exist_ok=True)
+    partial.write_bytes((folder / lost.path).read_bytes()[: lost.size // 2])
     (folder / lost.path).unlink()
-    blob.rename(blob.with_name(blob.name + ".1a2b3c4d.incomplete"))
     counts = {f.path: mirror.downloads(REPO_ID, good, f.path) for f in files}
     fetch_shards(ShardRequest(REPO_ID, good, (1,)), cache_dir=cache, endpoint=mirror.endpoint)
     assert {f.path: mirror.downloads(REPO_ID, good, f.path) - counts[f.path] for f in files} == {
@@ -265,6 +271,34 @@ def test_with_the_mirror_stopped_a_fetch_is_served_and_checked_from_the_cache(
         assert manifest.stages[2].files[0].path in str(lacking.value)
     finally:
         mirror.start()
+
+
+def test_a_mirror_that_drops_out_mid_file_and_comes_back_is_resumed_where_it_stopped(
+    exported: Callable[..., Path], mirror: OlahMirror, tmp_path: Path
+) -> None:
+    """A mirror whose host drops off the network in the middle of a stage's largest file: the fetch fails with
+    shoal's error (before: huggingface_hub's RuntimeError on a client it had closed), the part that arrived is
+    kept, and once the mirror is back the next fetch asks only for the rest (an HTTP Range) and checks it."""
+    one_stage = exported(1, "int4")  # one large file: the cut lands well inside it
+    commit = publish_to_mirror(one_stage, mirror.mirrors, "shoal-test/smollm2-one-stage")
+    big = max(Manifest.load(one_stage).stages[0].files, key=lambda f: f.size)
+    assert big.size > 40_000_000, "the cut must leave more than huggingface_hub's 10 MB chunks on each side"
+    request = ShardRequest("shoal-test/smollm2-one-stage", commit, (0,))
+    cache = tmp_path / "cache"
+    with FlakyProxy(("127.0.0.1", mirror.port)) as proxy:
+        proxy.cut_after(big.size // 2)
+        with pytest.raises(SourceError, match=f"cannot download {big.path}"):
+            fetch_shards(request, cache_dir=cache, endpoint=proxy.endpoint)
+        assert proxy.ranges() == []
+        proxy.up()
+        seen: list[tuple[int, int]] = []
+        folder = fetch_shards(request, cache_dir=cache, endpoint=proxy.endpoint, progress=lambda *p: seen.append(p))
+    (resumed,) = proxy.ranges()
+    start = int(resumed.removeprefix("bytes=").removesuffix("-"))
+    assert 10_000_000 <= start < big.size  # it carried on from the part kept, not from zero
+    assert sha256_file(folder / big.path) == big.sha256
+    assert seen[-1][0] == seen[-1][1] and all(a[0] <= b[0] for a, b in itertools.pairwise(seen))
+    assert not any(cache.glob("**/*.incomplete"))
 
 
 class RecordingHub:

@@ -6,13 +6,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from huggingface_hub.utils import filter_repo_objects
 
 from agent.errors import ConfigError, ManifestError
 from shards.architecture import ArchSpec
-from shards.hub.fetch import ShardRequest, _Bytes, allow_patterns, wanted_files
+from shards.hub.fetch import ShardRequest, _Bytes, wanted_files
 from shards.hub.publish import export_paths, mirror_repo_path, publish_to_mirror
-from shards.manifest import MANIFEST_NAME, DraftEntry, FileEntry, GraphEntry, Manifest, SourceInfo
+from shards.manifest import DraftEntry, FileEntry, GraphEntry, Manifest, SourceInfo
 
 ARCH = ArchSpec("llama", "llama", 4, 64, 128, 4, 2, 16, 100, 1e-5, False, False, False, True, 512)
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -69,17 +68,6 @@ def test_a_head_request_adds_the_tokenizer_and_the_draft() -> None:
     ]
     no_draft = [f.path for f in wanted_files(manifest(draft=False), ShardRequest("o/n", COMMIT, head=True))]
     assert no_draft == ["tokenizer/tokenizer.json", "tokenizer/chat_template.jinja"]
-
-
-def test_the_patterns_match_exactly_the_wanted_files_and_the_manifest() -> None:
-    m = manifest()
-    every = [*export_paths(m), "stage-1/odd 1.bin", "stage-1/odd [1]x?.bin", "README.md", ".gitattributes"]
-    for request in (ShardRequest("o/n", COMMIT, (1,)), ShardRequest("o/n", COMMIT, (0, 2), head=True)):
-        chosen = set(filter_repo_objects(every, allow_patterns=allow_patterns(m, request)))
-        assert chosen == {MANIFEST_NAME, *(f.path for f in wanted_files(m, request))}
-    assert "stage-1/odd [1]*?.bin" in set(
-        filter_repo_objects(every, allow_patterns=allow_patterns(m, ShardRequest("o/n", COMMIT, (1,))))
-    )
 
 
 def test_a_stage_the_export_lacks_is_refused() -> None:
