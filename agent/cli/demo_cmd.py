@@ -27,6 +27,7 @@ from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
 from agent.cli.ask_cmd import answer_summary, stream_chat
 from agent.cli.common import exit_on_sigterm
+from agent.cli.export_cmd import export_unless_current
 from agent.cli.plan_cmd import print_plan
 from agent.errors import RingError
 from agent.fleet import FleetPaths, NodeIdentity, init_fleet, issue_node
@@ -40,10 +41,10 @@ FORM_TIMEOUT = 300.0
 
 
 def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
-    from shards.export.exporter import ExportRequest, export
+    from shards.export.request import ExportRequest
 
     with exit_on_sigterm():
-        export(ExportRequest(source=args.model, out_dir=args.out, stages=args.stages), cache_dir)
+        export_unless_current(ExportRequest(source=args.model, out_dir=args.out, stages=args.stages), cache_dir)
     fleet_dir = data_dir / "demo-fleet"
     if not FleetPaths(fleet_dir).ca_cert.exists():
         init_fleet(fleet_dir, name="shoal-demo")

@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.cli.common import exit_on_sigterm
 from agent.errors import ExportError
 
+if TYPE_CHECKING:
+    from shards.export.request import ExportRequest
+    from shards.manifest import Manifest
+
 
 def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
-    from shards.export.exporter import ExportRequest, export
+    from shards.export.request import ExportRequest
 
     request = ExportRequest(
         source=args.source,
@@ -26,7 +32,7 @@ def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
     )
     with exit_on_sigterm() as terminated:
         try:
-            manifest = export(request, cache_dir, stop_requested=terminated.is_set)
+            manifest = export_unless_current(request, cache_dir, stop_requested=terminated.is_set)
         except ExportError:
             if terminated.is_set():  # the SIGTERM's own exception was swallowed; the export stopped at a check
                 raise SystemExit(128 + signal.SIGTERM) from None
@@ -42,3 +48,18 @@ def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
         print(f"draft ({manifest.draft.source}): {manifest.draft.graph.weights_bytes / 1e6:.1f} MB", file=sys.stderr)
     print(f"export ready: {args.out}", file=sys.stderr)
     return 0
+
+
+def export_unless_current(
+    request: ExportRequest, cache_dir: Path, stop_requested: Callable[[], bool] = lambda: False
+) -> Manifest:
+    """The export ``request`` asks for: the one in its folder when that is up to date for its source, told in a
+    moment (``shards.export.request``), else made now, which loads torch and the rest of the export stack."""
+    from shards.export.request import current_export
+
+    manifest = current_export(request, cache_dir)
+    if manifest is not None:
+        return manifest
+    from shards.export.exporter import export
+
+    return export(request, cache_dir, stop_requested=stop_requested)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-from tqdm.auto import tqdm
-
-from shards.manifest import hash_file_into
+if TYPE_CHECKING:  # the package is imported to tell a current export too, before torch is (shards.export.request)
+    import torch
 
 
 class Checkpoint(Protocol):
@@ -33,13 +30,3 @@ class Checkpoint(Protocol):
     def save_tokenizer(self, out_dir: Path) -> None:
         """Write the tokenizer and chat-template files a head needs into ``out_dir``."""
         ...
-
-
-def sha256_files(paths: list[Path], desc: str = "fingerprint") -> str:
-    """sha256 over the bytes of several files in order, with a progress bar."""
-    digest = hashlib.sha256()
-    total = sum(p.stat().st_size for p in paths)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False) as bar:
-        for path in paths:
-            hash_file_into(digest, path, bar.update)
-    return "sha256:" + digest.hexdigest()

@@ -19,7 +19,7 @@ import torch
 
 from agent.errors import CorruptCheckpointError, UnsupportedModelError
 from shards.architecture import SUPPORTED_MODEL_TYPES, SUPPORTED_NAMES
-from shards.checkpoint.base import sha256_files
+from shards.checkpoint.fingerprint import FingerprintStore, local_revision
 from shards.checkpoint.gguf_reader import PlainViewGGUFReader
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,14 @@ class GgufCheckpoint:
 
     kind = "gguf"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fingerprints: FingerprintStore | None = None) -> None:
+        """``fingerprints``: where the file's digest is remembered between runs (None: hashed at each
+        :meth:`revision`)."""
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
         self.path = path
         self.source_id = path.name
+        self._fingerprints = fingerprints
         try:
             self._reader = PlainViewGGUFReader(str(path))
         except Exception as exc:  # gguf raises ValueError, struct.error, IndexError... on bad files
@@ -122,7 +125,7 @@ class GgufCheckpoint:
         return torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
 
     def revision(self) -> str:
-        return sha256_files([self.path], desc=f"hash {self.path.name}")
+        return local_revision(self.path, self._fingerprints)
 
     def save_tokenizer(self, out_dir: Path) -> None:
         from unittest import mock

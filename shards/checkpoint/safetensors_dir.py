@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from agent.errors import CorruptCheckpointError, SourceError, UnsupportedModelError
-from shards.checkpoint.base import sha256_files
+from shards.checkpoint.fingerprint import FingerprintStore, local_revision
 
 
 class SafetensorsCheckpoint:
@@ -16,13 +16,22 @@ class SafetensorsCheckpoint:
 
     kind = "safetensors"
 
-    def __init__(self, folder: Path, source_id: str | None = None, hub_revision: str | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        source_id: str | None = None,
+        hub_revision: str | None = None,
+        fingerprints: FingerprintStore | None = None,
+    ) -> None:
+        """``hub_revision``: the Hub commit the folder holds (else its files' digest is the revision);
+        ``fingerprints``: where that digest is remembered between runs (None: hashed at each :meth:`revision`)."""
         from safetensors import safe_open
         from transformers import AutoConfig
 
         self.folder = folder
         self.source_id = source_id or str(folder)
         self._hub_revision = hub_revision
+        self._fingerprints = fingerprints
         if not (folder / "config.json").is_file():
             raise SourceError(f"{folder}: no config.json (expected a Hugging Face model folder)")
         try:
@@ -54,8 +63,7 @@ class SafetensorsCheckpoint:
     def revision(self) -> str:
         if self._hub_revision:
             return self._hub_revision
-        paths = [self.folder / "config.json", *self._files]
-        return sha256_files(paths, desc=f"hash {self.folder.name}")
+        return local_revision(self.folder, self._fingerprints)
 
     def save_tokenizer(self, out_dir: Path) -> None:
         from transformers import AutoTokenizer

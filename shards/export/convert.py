@@ -24,7 +24,6 @@ from shards.architecture import ArchSpec
 from shards.export.stage_model import StageModule
 from shards.manifest import LOGITS_INDEX
 
-WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
 INT4_GROUP_SIZE = 128
 
 

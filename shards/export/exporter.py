@@ -13,22 +13,20 @@ import logging
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import openvino as ov
 import torch
 from tqdm.auto import tqdm
 
-from agent.errors import ExportError, ManifestError
+from agent.errors import ExportError
 from shards.architecture import ArchSpec, arch_spec_from_config, check_attention_window
 from shards.checkpoint import Checkpoint, open_checkpoint
-from shards.export.convert import WEIGHT_FORMATS, compress_weights, make_stage_stateful, stage_io, trace_stage
-from shards.export.split import layer_split_from_counts, plan_layer_split
+from shards.export.convert import compress_weights, make_stage_stateful, stage_io, trace_stage
+from shards.export.request import ExportRequest, current_export, layer_ranges, reusable
 from shards.export.stage_model import StageModule, stage_weight_names
 from shards.export.tokenizer_files import write_tokenizer
 from shards.manifest import (
-    FORMAT_VERSION,
     MANIFEST_NAME,
     DraftEntry,
     FileEntry,
@@ -41,36 +39,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_TOKENS = 4096
 STEPS = ("load", "trace", "convert", "compress", "save")
-
-
-@dataclass(frozen=True)
-class ExportRequest:
-    """What ``shoal export`` was asked to do."""
-
-    source: str
-    out_dir: Path
-    stages: int
-    weights: str = "int4"
-    draft_source: str | None = None
-    self_draft_layers: int | None = None
-    force: bool = False
-    layers: tuple[int, ...] | None = None
-    """Layers per stage as pinned by an admin (None: the split planner decides)."""
-
-    def __post_init__(self) -> None:
-        if self.layers is not None and len(self.layers) != self.stages:
-            raise ExportError(f"--layers names {len(self.layers)} stages, --stages {self.stages}")
-        if self.weights not in WEIGHT_FORMATS:
-            raise ExportError(f"--weights must be one of {', '.join(WEIGHT_FORMATS)}, not {self.weights!r}")
-        if self.draft_source and self.self_draft_layers:
-            raise ExportError("choose either --draft MODEL or --self-draft N, not both")
-
-    @property
-    def draft_label(self) -> str | None:
-        """How the manifest names the requested draft (None: no draft)."""
-        if self.self_draft_layers:
-            return f"self:{self.self_draft_layers}"
-        return self.draft_source
 
 
 def export(
@@ -88,18 +56,18 @@ def export(
         if stop_requested():
             raise ExportError("the export was stopped before it finished")
 
+    existing = current_export(request, cache_dir)
+    if existing is not None:
+        log.info("export %s is up to date for its source, reusing it", request.out_dir)
+        return existing
     checkpoint = open_checkpoint(request.source, cache_dir)
     spec = arch_spec_from_config(checkpoint.config)
     check_attention_window(checkpoint.config, min(DEFAULT_CONTEXT_TOKENS, spec.max_position_embeddings))
-    ranges = (
-        plan_layer_split(spec, request.stages, request.weights)
-        if request.layers is None
-        else layer_split_from_counts(spec, request.layers)
-    )
+    ranges = layer_ranges(request, spec)
     if request.self_draft_layers is not None and not 1 <= request.self_draft_layers < spec.num_layers:
         raise ExportError(f"--self-draft must be between 1 and {spec.num_layers - 1} layers")
     revision = checkpoint.revision()
-    existing, replace = _reusable(request, revision, ranges)
+    existing, replace = reusable(request, revision, ranges)
     if existing is not None:
         log.info("export %s is up to date, reusing it", request.out_dir)
         return existing
@@ -147,52 +115,6 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
-
-
-def _split_text(ranges: list[range]) -> str:
-    return "/".join(str(len(r)) for r in ranges)
-
-
-def _reusable(request: ExportRequest, revision: str, ranges: list[range]) -> tuple[Manifest | None, bool]:
-    """The existing export at ``out_dir`` if it was made from the same inputs (else None), and whether
-    a new export may replace what is there. ``ranges`` is today's split of the layers."""
-    if not (request.out_dir / MANIFEST_NAME).exists():
-        if request.out_dir.exists() and any(request.out_dir.iterdir()) and not request.force:
-            raise ExportError(f"{request.out_dir} exists and is not an export; pass --force to replace it")
-        return None, request.force
-    try:
-        old = Manifest.load(request.out_dir)
-    except ManifestError:
-        if request.force:
-            return None, True
-        raise
-    same = (
-        old.source.revision == revision
-        and old.weights == request.weights
-        and len(old.stages) == request.stages
-        and (old.draft.source if old.draft else None) == request.draft_label
-    )
-    if same and old.format_version < FORMAT_VERSION:
-        # the same export in an older format: it still runs, but a new one is better (and nothing is lost)
-        log.info(
-            "export %s has format %d, re-exporting in format %d", request.out_dir, old.format_version, FORMAT_VERSION
-        )
-        return None, True
-    old_ranges = [s.layers for s in old.stages]
-    if same and old_ranges != ranges:
-        # the same inputs cut elsewhere (an older planner, or another pinned cut): re-balance
-        log.info(
-            "export %s was split %s, re-exporting split %s",
-            request.out_dir,
-            _split_text(old_ranges),
-            _split_text(ranges),
-        )
-        return None, True
-    if same and not request.force:
-        return old, False
-    if not request.force:
-        raise ExportError(f"{request.out_dir} holds a different export; pass --force to replace it")
-    return None, True
 
 
 def _replace_dir(staging: Path, out: Path, force: bool) -> None:

@@ -149,7 +149,7 @@ def test_export_over_foreign_folder_is_refused(tmp_path: Path, cache_dir: Path) 
 @pytest.mark.parametrize("edit", ["none", "older format", "other split"])
 def test_export_is_reused_only_when_current(edit: str, tmp_path: Path, exported: Callable[..., Path]) -> None:
     from shards.checkpoint import open_checkpoint
-    from shards.export.exporter import ExportRequest, _reusable
+    from shards.export.request import ExportRequest, reusable
     from shards.export.split import plan_layer_split
     from shards.manifest import Manifest
 
@@ -166,7 +166,7 @@ def test_export_is_reused_only_when_current(edit: str, tmp_path: Path, exported:
     old = Manifest.load(folder)
     ranges = plan_layer_split(old.arch, 2, "fp32")
     revision = open_checkpoint("smollm2", tmp_path / "cache").revision()
-    existing, replace = _reusable(
+    existing, replace = reusable(
         ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32"), revision, ranges
     )
     if edit == "none":
