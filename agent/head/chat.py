@@ -156,8 +156,8 @@ class ChatTokenizer:
         source = find_template(tokenizer_dir, config)
         self._template = None if source is None else ChatTemplate(source, specials.template_variables(), tokenizer_dir)
         matched = {} if self._tok.encode_special_tokens else self._tok.get_added_tokens_decoder()
-        self._special_ids = frozenset(i for i, t in matched.items() if t.special)
-        texts = sorted({str(matched[i]) for i in self._special_ids} - {""}, key=len, reverse=True)
+        self._special_text = {i: str(t) for i, t in matched.items() if t.special and str(t)}
+        texts = sorted(set(self._special_text.values()), key=len, reverse=True)
         self._special_texts = re.compile("|".join(map(re.escape, texts))) if texts else None
         """The special tokens that text would be encoded to; None: text never is (``split_special_tokens``)."""
         unk = specials.named.get("unk_token")
@@ -210,16 +210,22 @@ class ChatTokenizer:
         encoding = self._tok.encode(text, add_special_tokens=False)
         ids, offsets = encoding.ids, encoding.offsets
 
+        def matched(index: int) -> bool:
+            # a special token matched in the text (an lstrip/rstrip one spans its spaces too), not the
+            # unknown token that the model made of a character it lacks
+            special = self._special_text.get(ids[index])
+            return special is not None and special in text[slice(*offsets[index])]
+
         def written_by_content(index: int) -> bool:
             start, end = offsets[index]
             return any(start < stop and begin < end for begin, stop in literal)
 
-        markers = [i for i, t in enumerate(ids) if t in self._special_ids and not written_by_content(i)]
+        markers = [i for i in range(len(ids)) if matched(i) and not written_by_content(i)]
         out: list[int] = []
         previous = -1
         for marker in [*markers, len(ids)]:
             stretch = ids[previous + 1 : marker]
-            if any(t in self._special_ids for t in stretch):
+            if any(matched(i) for i in range(previous + 1, marker)):
                 start = offsets[previous][1] if previous >= 0 else 0
                 stop = offsets[marker][0] if marker < len(ids) else len(text)
                 stretch = self._plain_ids(text[start:stop], first=start == 0)
