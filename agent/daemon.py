@@ -43,6 +43,7 @@ from agent.node.shard_source import ShardSource
 from agent.runtime.protocol import Stage
 from agent.runtime.stage import CompiledStage
 from agent.transport.connection import FrameConnection
+from agent.transport.listen import check_can_listen
 from agent.transport.network import Network, TlsNetwork
 from agent.wire.frames import PROTOCOL_VERSION
 from agent.wire.messages import Hello
@@ -185,6 +186,8 @@ class Daemon:
         of many agents on one PC give a fixed one: measured there, the figures are their contention's)."""
         loop = asyncio.get_running_loop()
         identity = await loop.run_in_executor(None, NodeIdentity.load, config.identity_dir)
+        # an address in use is said now, not after a minute of compiling stages to serve on it
+        await loop.run_in_executor(None, _check_addresses, config)
         manifest, stages = await _load_stages(config) if config.export_dir is not None else (None, [])
         network = TlsNetwork.of(identity)
         facts = await loop.run_in_executor(None, lambda: measure_host(speed=False))
@@ -255,6 +258,14 @@ class Daemon:
             else "stages=none"
         )
         return f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} {held}{chat}"
+
+
+def _check_addresses(config: AgentConfig) -> None:
+    """Refuse, as starting would, the addresses this agent listens on that it cannot have (in use, not ours)."""
+    wanted = [(config.listen, "the ring"), (config.chat, "the chat endpoint"), (config.http, "the HTTP API")]
+    for address, what in wanted:
+        if address is not None:
+            check_can_listen(address, what)
 
 
 async def _load_stages(config: AgentConfig) -> tuple[Manifest, list[Stage]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Awaitable, Callable
 
 from agent.errors import ConfigError
@@ -18,6 +19,30 @@ async def listen_tcp(handler: Handler, address: tuple[str, int], what: str, **op
     try:
         return await asyncio.start_server(handler, host, port, **options)
     except OSError as exc:
-        # asyncio's message repeats the address; the errno's own text is the reason
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ConfigError(f"cannot listen for {what} on {host}:{port}: {reason.lower()}") from exc
+        raise _cannot_listen(what, address, exc) from exc
+
+
+def check_can_listen(address: tuple[str, int], what: str) -> None:
+    """Raise the ``ConfigError`` :func:`listen_tcp` would for ``address`` (in use, not on this PC), before work
+    that takes long (an agent compiles its stages before it listens): bind it as asyncio does, and let go. Port 0
+    (any free port) is always to be had. Blocking (name resolution): call it off the event loop."""
+    host, port = address
+    if port == 0:
+        return
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, where in found:
+            with socket.socket(family, kind, proto) as sock:
+                if os.name == "posix":  # as asyncio.start_server: an address in TIME_WAIT is free to take
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(where)
+    except OSError as exc:
+        raise _cannot_listen(what, address, exc) from exc
+
+
+def _cannot_listen(what: str, address: tuple[str, int], exc: OSError) -> ConfigError:
+    # asyncio's message repeats the address; the errno's own text is the reason
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return ConfigError(f"cannot listen for {what} on {address[0]}:{address[1]}: {reason.lower()}")
