@@ -113,19 +113,29 @@ class _Tee(io.TextIOBase):
 
 
 async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO | _Tee = sys.stdout) -> ChatEvent:
-    """Write the answer's text to ``out`` as it comes; returns the ``done`` event, raises on an error."""
-    async for event in ask(endpoint, request):
-        if event.event == "token":
-            out.write(event.text)
-            out.flush()
-        elif event.event == "error":
+    """Write the answer's text to ``out`` as it comes; returns the ``done`` event, raises on an error.
+
+    An answer cut short (an error, Ctrl-C, a lost connection) still ends its line, so that what is said next on
+    the terminal (``shoal: interrupted``) starts a line of its own."""
+    mid_line = False
+    try:
+        async for event in ask(endpoint, request):
+            if event.event == "token":
+                out.write(event.text)
+                out.flush()
+                mid_line = not event.text.endswith("\n") if event.text else mid_line
+            elif event.event == "error":
+                raise ChatAnswerError(f"{event.code}: {event.text}")
+            elif event.event == "progress":
+                if event.stats["seconds"] >= PROGRESS_AFTER_SECONDS:  # a short prompt goes in without a word
+                    print(f"[{progress_line(event)}]", file=sys.stderr, flush=True)
+            else:
+                out.write(event.text + "\n")  # the end of the text, held back while it might have begun a stop
+                out.flush()
+                return event
+        raise ChatAnswerError("the answer ended without a done event")  # ask() always ends in done or error
+    except BaseException:  # Ctrl-C reaches here as the task's cancellation
+        if mid_line:
             out.write("\n")
-            raise ChatAnswerError(f"{event.code}: {event.text}")
-        elif event.event == "progress":
-            if event.stats["seconds"] >= PROGRESS_AFTER_SECONDS:  # a short prompt goes in without a word
-                print(f"[{progress_line(event)}]", file=sys.stderr, flush=True)
-        else:
-            out.write(event.text + "\n")  # the end of the text, held back while it might have begun a stop
             out.flush()
-            return event
-    raise ChatAnswerError("the answer ended without a done event")  # ask() always ends in done or error
+        raise
