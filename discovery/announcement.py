@@ -20,6 +20,8 @@ TXT layout (schema 1). Every entry is ``key=value`` and at most 255 bytes (RFC 6
     st   stages held, ``index:state`` comma-separated (state: cached, downloading, compiling, ready, standby), a
          download with its progress as ``index:downloading@percent``
     d    donor state (serving, idle, busy)
+    w    why the agent's stage is stuck, if it is: its last failure (a mirror that cannot be reached, a file that
+         fails its check), cut to fit; absent when nothing failed. Peers name it where they say a stage waits.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ SCHEMA = 1
 SERVICE_TYPE = "_shoal._tcp.local."
 MAX_ENTRY = 255
 """RFC 6763 §6.1: each TXT string holds at most 255 bytes, ``key=value`` included."""
+MAX_PROBLEM = MAX_ENTRY - len("w=")
+"""Bytes (UTF-8) of ``w``, the stage's last failure: with its key it fills at most one TXT entry."""
 
 STAGE_STATES = ("cached", "downloading", "compiling", "ready", "standby")
 DONOR_STATES = ("serving", "idle", "busy")
@@ -98,6 +102,8 @@ class Announcement:
     speed: float = 0.0
     stages: tuple[HeldStage, ...] = ()
     donor: str = "serving"
+    problem: str = ""
+    """Why this agent's stage is stuck (its last failure, at most ``MAX_PROBLEM`` bytes); empty: nothing."""
     schema: int = field(default=SCHEMA)
 
     def __post_init__(self) -> None:
@@ -113,6 +119,7 @@ class Announcement:
         _require(all(_DEVICE.fullmatch(d) for d in self.devices), "devices", self.devices)
         _require(self.memory_mb >= 0 and self.speed >= 0, "resources", (self.memory_mb, self.speed))
         _require(self.donor in DONOR_STATES, "donor state", self.donor)
+        _require(len(self.problem.encode()) <= MAX_PROBLEM and self.problem.isprintable(), "problem", self.problem)
 
     def changed(self, **changes: Any) -> Announcement:
         """This announcement with ``changes`` and the next sequence number (receivers keep the newest)."""
@@ -138,6 +145,8 @@ class Announcement:
             "st": ",".join(s.to_text() for s in self.stages),
             "d": self.donor,
         }
+        if self.problem:
+            properties["w"] = self.problem
         for key, value in properties.items():
             if len(key.encode()) + 1 + len(value.encode()) > MAX_ENTRY:
                 raise RemoteProtocolError(f"TXT entry {key!r} is longer than {MAX_ENTRY} bytes")
@@ -173,11 +182,21 @@ class Announcement:
                 speed=float(text.get("spd", "0")),
                 stages=tuple(HeldStage.from_text(s) for s in text.get("st", "").split(",") if s),
                 donor=text.get("d", "serving"),
+                problem=text.get("w", ""),
             )
         except RemoteProtocolError:
             raise
         except (KeyError, ValueError) as exc:
             raise RemoteProtocolError(f"announcement does not follow schema {SCHEMA}: {exc}") from exc
+
+
+def problem_text(message: str) -> str:
+    """``message`` as an announcement's ``problem``: one printable line, cut to ``MAX_PROBLEM`` bytes."""
+    line = "".join(c if c.isprintable() else "?" for c in " ".join(message.split()))
+    if len(line.encode()) <= MAX_PROBLEM:
+        return line
+    cut = line.encode()[: MAX_PROBLEM - len("…".encode())].decode(errors="ignore")
+    return cut + "…"
 
 
 def _foreign_schema(schema: int, text: dict[str, str]) -> Announcement:

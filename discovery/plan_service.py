@@ -32,7 +32,7 @@ from typing import Any
 from agent.errors import PeerUnavailableError, RemoteProtocolError, ShoalError
 from agent.transport.tasks import OwnedTasks
 from discovery import control
-from discovery.announcement import HeldStage
+from discovery.announcement import Announcement, HeldStage
 from discovery.fleet_document import FleetDocument, ModelSource
 from discovery.membership import Membership, MemberState
 from discovery.placement import Candidate, Plan, StageNeed, candidates, forgive, plan, stage_needs
@@ -270,13 +270,21 @@ class FleetPlanService:
         names[state.me.node] = state.me.name
         return names
 
+    def _announcement(self, node: str) -> Announcement | None:
+        state = self.membership.state
+        return state.me if node == state.me.node else (m.announcement if (m := state.get(node)) else None)
+
     def held(self, node: str, stage: int) -> HeldStage | None:
         """What ``node`` announces of ``stage`` (downloading and how far, compiling, ready, standby)."""
-        state = self.membership.state
-        announcement = state.me if node == state.me.node else (m.announcement if (m := state.get(node)) else None)
+        announcement = self._announcement(node)
         if announcement is None:
             return None
         return next((s for s in announcement.stages if s.index == stage), None)
+
+    def problem_of(self, node: str) -> str:
+        """Why ``node`` says its stage is stuck (its last failure), empty if it says nothing of the kind."""
+        announcement = self._announcement(node)
+        return announcement.problem if announcement is not None else ""
 
     def held_state(self, node: str, stage: int) -> str | None:
         """The state ``node`` announces of ``stage``, None: nothing."""
@@ -311,9 +319,14 @@ class FleetPlanService:
         for a in record.plan.assignments:
             if a.node is None:
                 raise RingNotReady(f"stage {a.stage} is uncovered: {a.reason}")
-            held = self.held_state(a.node, a.stage)
-            if held != "ready":
-                raise RingNotReady(f"stage {a.stage} on {names.get(a.node, a.node)} is {held or 'not started'}")
+            held = self.held(a.node, a.stage)
+            if held is None or held.state != "ready":
+                state = held.describe() if held is not None else "not started"
+                problem = self.problem_of(a.node)
+                raise RingNotReady(
+                    f"stage {a.stage} on {names.get(a.node, a.node)} is {state}"
+                    + (f"; its last try failed: {problem}" if problem else "")
+                )
             nodes.append(a.node)
         first, last = self.membership.address_of(nodes[0]), self.membership.address_of(nodes[-1])
         if first is None or last is None:

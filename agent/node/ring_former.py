@@ -30,7 +30,7 @@ from agent.node.server import StageServer
 from agent.node.shard_source import ShardSource
 from agent.runtime.protocol import Stage
 from agent.transport.tasks import OwnedTasks
-from discovery.announcement import HeldStage
+from discovery.announcement import HeldStage, problem_text
 from discovery.fleet_document import ModelSource
 from discovery.placement import Plan
 from discovery.plan_service import FleetPlanService
@@ -141,11 +141,15 @@ class RingFormer:
                 await self._converge()
             except _NotYet as exc:
                 self._waiting(exc)
+                await self._tell_problem("")
                 await self._pause(changed, RETRY)
             except Exception as exc:  # a long-lived loop must outlive what it did not expect: try again later
-                await self._pause(changed, self._failed(exc))
+                delay = self._failed(exc)
+                await self._tell_problem(f"{self.error} (try {self.tries})")
+                await self._pause(changed, delay)
             else:
                 self.error, self.tries = None, 0
+                await self._tell_problem("")
                 await changed.wait()
 
     def _waiting(self, exc: _NotYet) -> None:
@@ -292,6 +296,14 @@ class RingFormer:
         if self._serving is not None:
             await self.server.serve(manifest, [], [], None)
             self._serving = None
+
+    async def _tell_problem(self, message: str) -> None:
+        """Announce why this agent's stage is stuck (empty: it is not), so that a head waiting for the stage
+        says why instead of "downloading 0 %" (a failure to announce is not one more failure of the pass)."""
+        problem = problem_text(message)
+        if self.membership.me.problem != problem:
+            with contextlib.suppress(ShoalError):
+                await self.membership.announce(problem=problem)
 
     async def _announce(self, stages: tuple[HeldStage, ...]) -> None:
         if self.membership.me.stages != stages:

@@ -25,6 +25,7 @@ from agent.runtime.config import RuntimeConfig
 from discovery import control
 from discovery.admin import edit_fleet_document, push_document
 from discovery.fleet_document import ModelSource, serving
+from discovery.plan_service import FleetPlanService
 from shards.hub.publish import publish_to_mirror
 from shards.manifest import Manifest
 from tests.support.flaky_proxy import FlakyProxy
@@ -84,6 +85,10 @@ def test_an_agent_fetches_its_stage_once_the_mirror_is_back_without_a_restart(
             await until(lambda: status()["tries"] >= 2, 150, "two failed fetches, noted in the status")
             assert "cannot" in (status()["error"] or ""), status()
             assert status()["serving"] is None
+            # and a chat waiting for the ring is told why, not only "downloading"
+            plan = next(p for p in daemon.parts if isinstance(p, FleetPlanService))
+            await until(lambda: "its last try failed" in (plan.status()["waiting"] or ""), 10, "the reason told")
+            assert "cannot" in plan.status()["waiting"], plan.status()["waiting"]
 
             proxy.up()
             took = await until(lambda: status()["serving"] == 0, 120, "the stage served after the mirror returned")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agent.errors import RemoteProtocolError
 from agent.wire import Frame, FrameType
 from discovery import control
-from discovery.announcement import MAX_ENTRY, Announcement, HeldStage
+from discovery.announcement import MAX_ENTRY, Announcement, HeldStage, problem_text
 from discovery.membership import (
     Duplicate,
     Event,
@@ -300,6 +300,20 @@ def test_an_announcement_round_trips_through_txt_and_each_entry_fits() -> None:
     assert all(len(k) + 1 + len(v.encode()) <= MAX_ENTRY for k, v in properties.items())
     wire = {k.encode(): v.encode() for k, v in properties.items()}
     assert Announcement.from_properties(wire) == rich
+
+
+def test_a_stage_that_is_stuck_says_why_in_one_txt_entry_and_only_then() -> None:
+    # the reason a stage waits (the last failed fetch) rides the announcement to every head, cut to one entry
+    failure = "office/smol@089676c25fba: cannot download stage-0/openvino_model.bin (Connection refused)\n" * 9
+    stuck = announce(1).changed(stages=(HeldStage(0, "downloading", 50),), problem=problem_text(failure + "é€"))
+    properties = stuck.to_properties()
+    assert len(properties["w"].encode()) <= MAX_ENTRY - 2 and properties["w"].endswith("…")
+    assert properties["w"].startswith("office/smol@089676c25fba: cannot download") and "\n" not in properties["w"]
+    assert Announcement.from_properties({k.encode(): v.encode() for k, v in properties.items()}) == stuck
+    assert "w" not in announce(1).to_properties()  # nothing failed: nothing said
+    assert problem_text("a\tb\x00c") == "a b?c"
+    with pytest.raises(RemoteProtocolError):
+        Announcement.from_properties({**{k: v for k, v in properties.items()}, "w": "x" * 300})
 
 
 @pytest.mark.parametrize(
