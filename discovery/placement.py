@@ -25,11 +25,12 @@ The rules, in the order they win:
    stays where it runs; else it goes to a steady member that holds its files (its named standby first); else
    to its named standby; else to a member that holds its files; else to the fastest free member (members on
    probation last; ties by node id). A stage given to a member that does not hold its files yet goes straight
-   to a steady one that does, once one is free (a fleet restarted with its caches: the first plan may come
-   before the members have said which stages they hold). A running stage moves for speed only
-   when the ring would be more than 20 % faster without it there *and* a member holding its files can take
-   it: a faster member that joins first stands by (fetching and compiling the stage), and takes the stage
-   over on a later plan, at the cost of no download.
+   to one that does, once one is free, a steady one first (a fleet restarted with its caches: the first plan
+   may come before the members have said which stages they hold; or a holder that was lost comes back with its
+   files while its stage's new node still downloads them, perhaps from a mirror that is down). A running
+   stage moves for speed only when the ring would be more than 20 % faster without it there *and* a member
+   holding its files can take it: a faster member that joins first stands by (fetching and compiling the
+   stage), and takes the stage over on a later plan, at the cost of no download.
 5. **Probation.** A member that dropped a stage it served (lost, gone, revoked) is on probation when it comes
    back: it may stand by, or take a stage no steady member can serve within the margin, but rule 3 ignores
    it, so that a flapping member never pulls stages back and forth. Only :func:`forgive` ends it (the
@@ -563,8 +564,8 @@ class _Planner:
     def _to_holders(self, lacking: dict[int, int], owner: dict[int, int], limit: float) -> None:
         """Rule 4: each stage of ``lacking`` (stage -> the node it runs on, within ``limit``, which does not hold
         its files yet: a restarted fleet's first plan came before the members said which stages their caches
-        hold) goes to a steady member that holds its files, runs it within ``limit`` and serves no stage that
-        stays (one on probation comes after every steady member: rule 5), else it stays; in ``owner``.
+        hold, or it still fetches them) goes to a member that holds its files, runs it within ``limit`` and serves
+        no stage that stays (one on probation after every steady member), else it stays; in ``owner``.
 
         It goes straight to that member, not by way of its standby (which may lack the files too), and a stage
         that leaves frees its node, which may hold another stage's files: so this goes on until no stage moves,
@@ -586,11 +587,14 @@ class _Planner:
                     moved = True
 
     def _takes_for_its_files(self, s: int, i: int, owner: dict[int, int], limit: float) -> bool:
-        """Whether member ``i`` is free in ``owner``, steady, and holds stage ``s``'s files and runs it within
-        ``limit``. Stage ``s``'s :attr:`preferred` list is enough to look in: it has the stage's fastest steady
-        holders, more of them than there are other stages to keep them busy."""
-        held = s in self.cands[i].held
-        return held and i not in owner and not self.on_probation[i] and self.time(s, i) <= limit
+        """Whether member ``i`` is free in ``owner``, holds stage ``s``'s files and runs it within ``limit``.
+
+        A member on probation qualifies too (after every steady one: :attr:`preferred` lists steady holders
+        first): probation keeps a flapping member from pulling a running stage back, but here the stage is not
+        running, its node still fetches the files, and a holder that came back (its files in its cache, the
+        mirror perhaps down) serves it sooner than any download. Stage ``s``'s :attr:`preferred` list is enough
+        to look in: it has the stage's fastest holders, more of them than there are other stages to keep busy."""
+        return s in self.cands[i].held and i not in owner and self.time(s, i) <= limit
 
     def _standbys(self, served: dict[int, int], without: set[int], users: dict[int, int]) -> dict[int, list[int]]:
         """Rule 6: spare members that can hold each served stage, the ones named before first; the slowest

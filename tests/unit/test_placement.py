@@ -425,13 +425,31 @@ def test_a_member_on_probation_that_serves_changes_nothing_until_forgiven() -> N
     ]
     running = Plan(tuple(Assignment(s, node(n)) for s, n in enumerate([2, 6, 1, 3])), probation=frozenset({node(0)}))
     p = plan(doc(per_stage=0), stages, members, running)
-    assert served(p) == [node(2), node(6), node(1), node(0)] and p.probation == {node(0), node(3)}
+    # pc1 runs stage 2 without its files (still fetching them), pc0 holds them: pc0 takes it, on probation or not
+    assert served(p) == [node(2), node(1), node(0), node(6)] and p.probation == {node(0), node(3)}
     again = plan(doc(per_stage=0), stages, members, p)
     assert (again.hash, again.epoch, again.probation) == (p.hash, p.epoch, p.probation)
     # forgiven, it moves nothing before it holds a stage's files; then the ring gets faster
     assert served(plan(doc(per_stage=0), stages, members, forgive(p, [node(0)]))) == served(p)
     ready = swap(members, 0, held=frozenset({0, 2}))
     assert served(plan(doc(per_stage=0), stages, ready, forgive(p, [node(0)]))) != served(p)
+
+
+def test_a_holder_that_comes_back_with_its_files_takes_its_stage_from_a_standby_still_fetching_them() -> None:
+    # issue 41 §6: pc2 served stage 1 and was stopped while the mirror was down; its standby pc3 took the stage
+    # but cannot fetch it. pc2 comes back (on probation) with the stage's files in its cache: it serves again
+    members = [cand(1, held=(0,)), cand(2, held=(1,)), cand(3), cand(4, held=(2,))]
+    running = plan(doc(), needs(1.0, 1.0, 1.0), members)
+    assert served(running) == [node(1), node(2), node(4)]
+    lost = plan(doc(), needs(1.0, 1.0, 1.0), swap(members, 2, state="lost"), running)
+    assert served(lost) == [node(1), node(3), node(4)] and node(2) in lost.probation
+    back = plan(doc(), needs(1.0, 1.0, 1.0), members, lost)  # pc3 still downloading: it holds nothing yet
+    assert served(back) == [node(1), node(2), node(4)], back.assignments
+    assert "does not hold its files yet" in back.assignments[1].reason
+    assert plan(doc(), needs(1.0, 1.0, 1.0), members, back).hash == back.hash  # its own next plan
+    # once the standby holds the files, a holder on probation pulls nothing back (rule 5)
+    fetched = plan(doc(), needs(1.0, 1.0, 1.0), swap(members, 3, held=frozenset({1})), lost)
+    assert served(fetched) == [node(1), node(3), node(4)]
 
 
 def test_a_previous_plan_of_another_export_is_ignored() -> None:
