@@ -62,6 +62,11 @@ class Duty:
     serve: bool
 
 
+def retry_delay(tries: int) -> float:
+    """Seconds before the next pass after ``tries`` failed passes in a row: 2, 4, 8, ... up to ``RETRY_MAX``."""
+    return min(RETRY_MAX, RETRY * 2 ** min(max(tries, 1) - 1, 16))
+
+
 def duty_of(plan: Plan, node: str) -> Duty | None:
     """What ``plan`` asks of ``node`` (None: nothing)."""
     stage = plan.stage_of(node)
@@ -162,7 +167,7 @@ class RingFormer:
         errors) and return the seconds to wait before the next."""
         self.tries += 1
         message = str(exc) if isinstance(exc, ShoalError) else f"{type(exc).__name__}: {exc}"
-        delay = min(RETRY_MAX, RETRY * 2 ** (self.tries - 1))
+        delay = retry_delay(self.tries)
         if message != self.error:
             log.warning(
                 "node=%s %s (try %d; next in %.0f s)",

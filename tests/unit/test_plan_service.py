@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 
 from agent.errors import RemoteProtocolError
-from agent.node.ring_former import Duty, duty_of
+from agent.node.ring_former import RETRY_MAX, Duty, duty_of, retry_delay
 from discovery import control
 from discovery.announcement import Announcement
 from discovery.fleet_document import Pin
@@ -89,3 +89,11 @@ def test_what_a_plan_asks_of_an_agent() -> None:
     assert duty_of(plan, node(1)) == Duty(0, serve=True)
     assert duty_of(plan, node(4)) == Duty(0, serve=False)
     assert duty_of(plan, node(9)) is None
+
+
+def test_a_pass_that_keeps_failing_is_tried_again_ever_later_up_to_a_cap() -> None:
+    # issue 41 §5: a file failing its check was fetched again about once a second without limit
+    delays = [retry_delay(n) for n in range(1, 12)]
+    assert delays[:5] == [2.0, 4.0, 8.0, 16.0, 32.0]
+    assert delays[5:] == [RETRY_MAX] * 6 and sum(delays) > 5 * 60  # 11 tries take over five minutes
+    assert retry_delay(10_000) == RETRY_MAX
