@@ -11,7 +11,9 @@ The rules, in the order they win:
 1. **Pins.** A required pin puts its stage on its node or nowhere (uncovered, with why); a preferred pin is
    honoured when its node can hold the stage and is otherwise left to the rules below. A required pin whose
    node is revoked is void: that node never serves again, so its stage is placed by the rules below, and the
-   stage's reason says so. Every pin that is not honoured is reported with its reason.
+   stage's reason says so. That holds whether or not the planner ever knew the node as a member (it may have
+   restarted since the revocation): the fleet's revocation list names it (``revoked``). Every pin that is not
+   honoured is reported with its reason.
 2. **Coverage.** As many stages as possible get a node (a maximum bipartite matching, so that one big stage
    never goes uncovered because a smaller one took the only PC that could hold it). A node serves at most one
    stage (an office PC gives one shard), and only a member (state ``member``, or this agent) with the memory
@@ -52,7 +54,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from discovery.announcement import HeldStage
@@ -72,6 +74,9 @@ ASSIGNABLE = frozenset({"member", ME})
 REVOKED = "revoked"
 """The state of a member whose certificate the fleet revoked: it never serves again, so a required pin on it is
 void (a lost or gone member may come back, and its required pin waits for it)."""
+SERVING = "serving"
+"""The donor state of a PC whose owner lets it work now (the others: ``discovery.announcement.DONOR_STATES``)."""
+DONOR_MEANING = {"draining": "its user is back: handing its stage over", "away": "its user is here", "off": "not now"}
 HOLDING = frozenset({"cached", "compiling", "ready", "standby"})
 """Announced stage states whose files are on the member's disk already (a ``downloading`` one is not there)."""
 
@@ -122,10 +127,19 @@ class Candidate:
     """Stages whose files it has already: giving it one of them saves a download."""
     state: str = "member"
     """``me``, or its membership state (``member``, ``lost``, ``gone``, ``revoked``, ...): see :data:`ASSIGNABLE`."""
+    donor: str = "serving"
+    """What its owner allows now (``discovery.announcement.DONOR_STATES``): only ``serving`` takes work."""
 
     @property
     def assignable(self) -> bool:
-        return self.state in ASSIGNABLE
+        return self.state in ASSIGNABLE and self.donor == SERVING
+
+    @property
+    def unavailable(self) -> str:
+        """Why it cannot be given a stage, for people (empty: it can): ``lost``, ``away (its user is back)``..."""
+        if self.state not in ASSIGNABLE:
+            return self.state
+        return "" if self.donor == SERVING else f"{self.donor} ({DONOR_MEANING.get(self.donor, 'not serving')})"
 
 
 def stage_needs(manifest: Manifest) -> tuple[StageNeed, ...]:
@@ -152,7 +166,7 @@ def stage_needs(manifest: Manifest) -> tuple[StageNeed, ...]:
 def candidates(membership: Membership) -> tuple[Candidate, ...]:
     """Every peer this agent knows, and itself (state :data:`ME`), as candidates, by node id."""
     me = membership.me
-    found = {me.node: Candidate(me.node, me.name, me.memory_mb, me.speed, me.devices, _held(me.stages), ME)}
+    found = {me.node: Candidate(me.node, me.name, me.memory_mb, me.speed, me.devices, _held(me.stages), ME, me.donor)}
     for node, member in membership.members.items():
         if node not in found:
             found[node] = _candidate(member)
@@ -161,7 +175,7 @@ def candidates(membership: Membership) -> tuple[Candidate, ...]:
 
 def _candidate(member: Member) -> Candidate:
     a = member.announcement
-    return Candidate(a.node, a.name, a.memory_mb, a.speed, a.devices, _held(a.stages), member.state.value)
+    return Candidate(a.node, a.name, a.memory_mb, a.speed, a.devices, _held(a.stages), member.state.value, a.donor)
 
 
 def _held(stages: Iterable[HeldStage]) -> frozenset[int]:
@@ -268,15 +282,18 @@ def plan(
     stages: Sequence[StageNeed],
     members: Iterable[Candidate],
     previous: Plan | None = None,
+    revoked: Mapping[str, str] | None = None,
 ) -> Plan:
     """The next plan (see the module docstring for its rules).
 
     ``stages``: one :class:`StageNeed` per stage, indexes 0 to n-1 (:func:`stage_needs`). ``members``: every
     known candidate, this agent included (:func:`candidates`); only assignable ones get stages. ``previous``:
     the plan in force for the same export (None at first, and after the export changes: a plan of another
-    number of stages is ignored). ``document`` None: no pins, the default standby policy.
+    number of stages is ignored). ``document`` None: no pins, the default standby policy. ``revoked``: the node
+    id and name of every node the fleet's revocation list names, known as a candidate or not (a required pin on
+    one is void).
     """
-    return _Planner(document, stages, members, previous).run()
+    return _Planner(document, stages, members, previous, revoked or {}).run()
 
 
 class _Planner:
@@ -289,6 +306,7 @@ class _Planner:
         stages: Sequence[StageNeed],
         members: Iterable[Candidate],
         previous: Plan | None,
+        revoked: Mapping[str, str],
     ) -> None:
         self.needs = tuple(sorted(stages, key=lambda s: s.index))
         if [s.index for s in self.needs] != list(range(len(self.needs))):
@@ -322,6 +340,9 @@ class _Planner:
         self.by_name: dict[str, list[int]] = {}
         for i, c in enumerate(self.cands):
             self.by_name.setdefault(c.name, []).append(i)
+        self.revoked = dict(revoked)
+        """Revoked node id -> name, and revoked name -> name (what a pin on a node no candidate is may name)."""
+        self.revoked.update({name: name for name in revoked.values()})
 
     def time(self, stage: int, i: int) -> float:
         return self.needs[stage].cost / self.speed[i]
@@ -389,7 +410,7 @@ class _Planner:
                     self.pinned_required.add(pin.stage)
                 how = "required" if pin.required else "preferred"
                 outcomes.append(PinOutcome(pin, True, f"stage {pin.stage} on {self.name(i)} ({how})"))
-            elif pin.required and i is not None and self.cands[i].state == REVOKED:
+            elif pin.required and self._names_revoked(pin.node, i):
                 if pin.stage < len(self.needs) and pin.stage not in fixed:
                     self.void[pin.stage] = f"the required pin on {pin.node} is void: {why}"
                 outcomes.append(PinOutcome(pin, False, f"{why}; the pin is void, the stage is placed automatically"))
@@ -408,16 +429,23 @@ class _Planner:
         named = self.by_name.get(node, [])
         return min(named, key=lambda i: (not self.ok[i], self.cands[i].node), default=None)
 
+    def _names_revoked(self, node: str, i: int | None) -> bool:
+        """Whether a pin's node (resolved to candidate ``i``) is revoked: a revoked candidate, or no candidate
+        and a node id or name the revocation list names."""
+        return self.cands[i].state == REVOKED if i is not None else node in self.revoked
+
     def _pin_problem(self, pin: Pin, i: int | None, taken: dict[int, int], pinned: set[int]) -> str | None:
         n = len(self.needs)
         if pin.stage >= n:
             return f"the export has {n} stages (0 to {n - 1}), no stage {pin.stage}"
         if pin.stage in pinned:
             return f"stage {pin.stage} is pinned already"
+        if i is None and pin.node in self.revoked:
+            return f"{self.revoked[pin.node]} is revoked"
         if i is None:
             return f"no member {pin.node!r} is known to this agent"
         if not self.ok[i]:
-            return f"{self.name(i)} is {self.cands[i].state}"
+            return f"{self.name(i)} is {self.cands[i].unavailable}"
         if not self.fits(pin.stage, i):
             need = self.needs[pin.stage].memory_mb
             return f"{self.name(i)} offers {self.mem[i]} MiB and stage {pin.stage} needs {need} MiB"
@@ -661,7 +689,7 @@ class _Planner:
             return f"{was} is no longer known"
         name = self.name(p)
         if not self.ok[p]:
-            return f"{name} is {self.cands[p].state}"
+            return f"{name} is {self.cands[p].unavailable}"
         if p in taken:
             return f"{name} is pinned to stage {taken[p]}"
         if not self.fits(s, p):

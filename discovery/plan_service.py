@@ -183,7 +183,7 @@ class FleetPlanService:
         state = self.membership.state
         coordinator = coordinator_of(state)
         if coordinator == self.me:
-            self._coordinate(document, manifest, candidates(state))
+            self._coordinate(document, manifest, candidates(state), self._revoked())
             return
         offer = self._offers.get(coordinator)
         if offer is None or offer.document != document.version or offer.export != manifest.export_id:
@@ -194,15 +194,26 @@ class FleetPlanService:
         elif offer.plan.epoch != record.plan.epoch:
             self.record = offer
 
-    def _coordinate(self, document: FleetDocument, manifest: Manifest, members: tuple[Candidate, ...]) -> None:
+    def _revoked(self) -> dict[str, str]:
+        """Node id -> name of every node the fleet's revocation list names, whether this agent ever knew it as a
+        member or not (a coordinator that restarted since the revocation never did): a required pin on one is
+        void."""
+        keeper = self.membership.revocations
+        revocations = keeper.current if keeper is not None else None
+        return {r.node_id: r.name for r in revocations.revoked} if revocations is not None else {}
+
+    def _coordinate(
+        self, document: FleetDocument, manifest: Manifest, members: tuple[Candidate, ...], revoked: dict[str, str]
+    ) -> None:
         previous = self.record.plan if self.record is not None and self.record.export == manifest.export_id else None
         if previous is not None:
             previous = self._forgiven(previous, members)
-        inputs = (document.version, manifest.export_id, members, previous.probation if previous else None)
+        probation = previous.probation if previous else None
+        inputs = (document.version, manifest.export_id, members, probation, tuple(sorted(revoked.items())))
         now = self._clock()
         if inputs != self._inputs or self.record is None or self.record.coordinator != self.me:
             self._inputs = inputs
-            new = plan(document, self.needs, members, previous)
+            new = plan(document, self.needs, members, previous, revoked)
             record = PlanRecord(new, self.me, document.version, manifest.export_id)
             if self.record is None or record.plan.hash != self.record.plan.hash or self.record.coordinator != self.me:
                 self._follow(record, "this agent (the coordinator)")

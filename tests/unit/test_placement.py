@@ -215,6 +215,33 @@ def test_a_required_pin_on_a_revoked_node_is_void_and_its_stage_placed_automatic
     assert again.hash == p.hash and again.epoch == p.epoch  # a plan is its own next plan
 
 
+@pytest.mark.parametrize("pin_node", ["pc9", node(9)])
+def test_a_required_pin_on_a_revoked_node_this_agent_never_knew_is_void_too(pin_node: str) -> None:
+    # a coordinator that restarted after the revocation never saw pc9 as a member: only the list names it
+    members = [cand(1, speed=20), cand(2, speed=10), cand(3, speed=5)]
+    pins = doc(Pin(pin_node, 1, required=True), Pin("pc8", 0))
+    waiting = plan(pins, needs(2.0, 1.0), members)  # without the list, the stage waits for a node it cannot know
+    assert waiting.uncovered == (1,) and "no member" in waiting.pins[0].reason
+    p = plan(pins, needs(2.0, 1.0), members, revoked={node(9): "pc9", node(8): "pc8"})
+    assert p.complete and p.node_of(1) == node(2)
+    assert {o.pin.stage: o.reason for o in p.pins} == {
+        1: "pc9 is revoked; the pin is void, the stage is placed automatically",
+        0: "pc8 is revoked; the stage is placed automatically",  # a preferred pin was never binding
+    }
+    assert p.assignments[1].reason == (
+        f"given to pc2, a free member that can hold it; the required pin on {pin_node} is void: pc9 is revoked"
+    )
+    again = plan(pins, needs(2.0, 1.0), members, p, revoked={node(9): "pc9", node(8): "pc8"})
+    assert again.hash == p.hash and again.epoch == p.epoch
+
+
+def test_a_name_pin_takes_a_member_enrolled_again_under_a_revoked_name() -> None:
+    # the revoked desk (never seen here) and a new PC enrolled as desk since: the pin means the new one
+    new = replace(cand(2), name="desk")
+    p = plan(doc(Pin("desk", 0, required=True)), needs(1.0, 1.0), [cand(1), new, cand(3)], revoked={node(9): "desk"})
+    assert p.node_of(0) == node(2) and p.pins[0].honoured
+
+
 def test_a_required_pin_on_a_node_it_serves_loses_the_stage_when_the_node_is_revoked() -> None:
     members = [cand(1, speed=20), cand(2, speed=10), cand(3, speed=5)]
     pinned = plan(doc(Pin("pc3", 1, required=True)), needs(2.0, 1.0), members)

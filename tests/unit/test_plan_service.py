@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 from dataclasses import replace
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
 
 from agent.errors import RemoteProtocolError
+from agent.fleet import RevocationList, RevokedNode, fleet_id_of, init_fleet, read_certificate
 from agent.node.ring_former import RETRY_MAX, Duty, duty_of, retry_delay
 from discovery import control
 from discovery.announcement import Announcement
-from discovery.fleet_document import Pin
+from discovery.fleet_document import FleetDocument, ModelSource, Pin
+from discovery.kept import FleetDocumentKeeper, Kept, RevocationKeeper
 from discovery.membership import Member, Membership, MemberState, Source
 from discovery.placement import Assignment, PinOutcome, Plan
 from discovery.plan_codec import PlanRecord
-from discovery.plan_service import coordinator_of
+from discovery.plan_service import FleetPlanService, coordinator_of
+from discovery.service import MembershipService, MembershipSettings
+from shards.manifest import Manifest
+from tests.support.memory_network import MemoryNetwork
+from tests.unit.test_placement import manifest
 
 FLEET = "0123456789abcdef"
+NOW = dt.datetime(2030, 5, 1, 12, 0, tzinfo=dt.UTC)
 
 
 def node(n: int) -> str:
@@ -97,3 +107,41 @@ def test_a_pass_that_keeps_failing_is_tried_again_ever_later_up_to_a_cap() -> No
     assert delays[:5] == [2.0, 4.0, 8.0, 16.0, 32.0]
     assert delays[5:] == [RETRY_MAX] * 6 and sum(delays) > 5 * 60  # 11 tries take over five minutes
     assert retry_delay(10_000) == RETRY_MAX
+
+
+def test_a_coordinator_that_never_knew_a_revoked_node_voids_a_required_pin_on_it(tmp_path: Path) -> None:
+    # issue 41 §3: the coordinator restarted after pc2 was revoked: pc2 is in the revocation list only, never a
+    # member here. Its required pin is void, and the stage is placed automatically, with why
+    init_fleet(tmp_path / "fleet", "ours")
+    ca = read_certificate(tmp_path / "fleet" / "ca.pem")
+    gone = RevokedNode(node(2), "sha256:" + "2" * 64, "pc2", NOW)
+    revocations: RevocationKeeper = Kept(tmp_path / "revocations.json", ca, RevocationList.verify)
+    revocations.current = RevocationList(fleet_id_of(ca), 1, NOW, (gone,))
+    fleet_doc: FleetDocumentKeeper = Kept(tmp_path / "fleet.json", ca, FleetDocument.verify)
+    fleet_doc.current = FleetDocument(
+        fleet_id_of(ca), 1, NOW, ModelSource(export_dir="/exports/m"), pins=(Pin("pc2", 1, required=True),)
+    )
+    me = replace(announce(1, 100), fleet=fleet_id_of(ca), memory_mb=64_000, speed=10.0)
+    members = MembershipService(
+        me, MemoryNetwork(), MembershipSettings(mdns=False), revocations=revocations, fleet=fleet_doc
+    )
+    members.state = fleet(me, (replace(announce(3, 200), fleet=me.fleet, memory_mb=64_000), MemberState.MEMBER))
+
+    async def load(model: ModelSource) -> Manifest:
+        return manifest(stages=2, layers=8)
+
+    async def main() -> Plan:
+        service = FleetPlanService(members, load)
+        await service.start(("127.0.0.1", 7100))
+        try:
+            async with asyncio.timeout(5.0):
+                while service.plan is None:
+                    await asyncio.sleep(0.01)
+            return service.plan
+        finally:
+            await service.stop()
+
+    planned = asyncio.run(main())
+    assert planned.complete and {planned.node_of(0), planned.node_of(1)} == {node(1), node(3)}
+    assert planned.pins[0].reason == "pc2 is revoked; the pin is void, the stage is placed automatically"
+    assert planned.assignments[1].reason.endswith("the required pin on pc2 is void: pc2 is revoked")
