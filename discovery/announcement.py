@@ -19,7 +19,9 @@ TXT layout (schema 1). Every entry is ``key=value`` and at most 255 bytes (RFC 6
     dev  OpenVINO devices, comma-separated      mem MiB it can give a shard   spd measured speed (GFLOP/s)
     st   stages held, ``index:state`` comma-separated (state: cached, downloading, compiling, ready, standby), a
          download with its progress as ``index:downloading@percent``
-    d    donor state (serving, idle, busy)
+    d    donor state (``agent.donor.policy``): serving; draining (its user is back, or it may not serve now:
+         it takes no new work and its stage moves away); away (its user is here); off (not allowed now: battery,
+         schedule, the load of other programs, no way to tell idleness)
     w    why the agent's stage is stuck, if it is: its last failure (a mirror that cannot be reached, a file that
          fails its check), cut to fit; absent when nothing failed. Peers name it where they say a stage waits.
 """
@@ -43,7 +45,8 @@ MAX_PROBLEM = MAX_ENTRY - len("w=")
 """Bytes (UTF-8) of ``w``, the stage's last failure: with its key it fills at most one TXT entry."""
 
 STAGE_STATES = ("cached", "downloading", "compiling", "ready", "standby")
-DONOR_STATES = ("serving", "idle", "busy")
+DONOR_STATES = ("serving", "draining", "away", "off")
+"""What a donor PC's owner allows now; only a ``serving`` PC is given a stage or a standby (``discovery.placement``)."""
 
 _INSTANCE = re.compile(r"[0-9a-f]{8,32}")
 _DEVICE = re.compile(r"[A-Z][A-Z0-9._]{0,31}")

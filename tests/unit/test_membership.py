@@ -217,7 +217,7 @@ def test_a_goodbye_or_a_broken_link_of_another_process_with_the_node_id_changes_
 
 def test_a_claim_about_another_process_with_a_members_node_id_does_not_replace_the_linked_one() -> None:
     linked = announce(1)
-    copy = announce(1, instance="c0c0c0c0", port=7200).changed(donor="idle").changed(donor="busy")
+    copy = announce(1, instance="c0c0c0c0", port=7200).changed(donor="away").changed(donor="off")
     state = run(Verified(linked, "10.0.0.1", Source.SEED, 0.0), Seen(copy, "10.0.0.9", Source.GOSSIP, 1.0))
     member = state.members[linked.node]
     assert (member.state, member.announcement, member.address) == (MemberState.MEMBER, linked, ("10.0.0.1", 7100))
@@ -231,9 +231,9 @@ def test_a_claim_about_another_process_with_a_members_node_id_does_not_replace_t
 
 
 def test_a_newer_announcement_replaces_an_older_one_but_not_the_reverse() -> None:
-    newer = announce(1).changed(donor="idle")
+    newer = announce(1).changed(donor="away")
     state = run(Verified(newer, "h", Source.SEED, 0.0), Seen(announce(1), "h", Source.MDNS, 1.0))
-    assert state.members[newer.node].announcement.donor == "idle"
+    assert state.members[newer.node].announcement.donor == "away"
 
 
 def test_changes_name_every_move_once() -> None:
@@ -293,7 +293,7 @@ def test_a_thousand_members_and_ten_thousand_events_stay_well_under_a_millisecon
 
 
 def test_an_announcement_round_trips_through_txt_and_each_entry_fits() -> None:
-    rich = announce(3, devices=("CPU", "GPU.0"), memory_mb=12000, speed=55.5, donor="idle").changed(
+    rich = announce(3, devices=("CPU", "GPU.0"), memory_mb=12000, speed=55.5, donor="draining").changed(
         stages=(HeldStage(0, "ready"), HeldStage(1, "downloading", 42), HeldStage(2, "downloading"))
     )
     properties = rich.to_properties()

@@ -479,6 +479,21 @@ def test_a_holder_that_comes_back_with_its_files_takes_its_stage_from_a_standby_
     assert served(fetched) == [node(1), node(3), node(4)]
 
 
+def test_a_donor_whose_user_is_back_hands_its_stage_to_its_standby_and_stands_by_for_nothing() -> None:
+    members = [cand(1, held=(0,)), cand(2, held=(1,)), cand(3, held=(1,)), cand(4, held=(2,))]
+    running = plan(doc(), needs(1.0, 1.0, 1.0), members)
+    assert served(running) == [node(1), node(2), node(4)]
+    for donor, meaning in (("draining", "its user is back"), ("away", "its user is here"), ("off", "not now")):
+        stepped = plan(doc(), needs(1.0, 1.0, 1.0), swap(members, 2, donor=donor), running)
+        assert served(stepped) == [node(1), node(3), node(4)], donor
+        assert f"pc2 is {donor} ({meaning}" in stepped.assignments[1].reason
+        assert node(2) not in {n for a in stepped.assignments for n in a.standbys}
+        assert node(2) in stepped.probation  # back at the PC later, it stands by before it serves again
+    # a required pin waits for its donor, and says why
+    pinned = plan(doc(Pin("pc2", 1, True)), needs(1.0, 1.0, 1.0), swap(members, 2, donor="away"), running)
+    assert pinned.node_of(1) is None and "pc2 is away (its user is here)" in pinned.assignments[1].reason
+
+
 def test_a_previous_plan_of_another_export_is_ignored() -> None:
     members = [cand(1, speed=10), cand(2, speed=20)]
     old = plan(doc(), needs(1.0), [cand(1, speed=10)])
