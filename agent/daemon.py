@@ -146,6 +146,7 @@ class Daemon:
                 from agent.metrics.exposition import CONTENT_TYPE, render_metrics
 
                 self.http = OpenAIEndpoint(self.chats, config.http, render_metrics(self.server.status), CONTENT_TYPE)
+                self._section("http", self.http.status)
         self.parts: list[DaemonPart] = list(parts)
         if fleet is not None:
             self.parts.append(RingFormer(config, fleet.plan, fleet.membership, self.server, fleet.source, self.chats))

@@ -20,6 +20,7 @@
     ├── RingError              the ring cannot serve a request
     │   ├── PeerUnavailableError    a stage cannot be reached, or its connection died
     │   │   └── PeerRefusedError        the TLS handshake failed: not of this fleet, or it refused us
+    │   │       └── CertificateDatesError   its certificate is not yet valid, or expired, by this PC's clock
     │   ├── FleetBusyError          a stage has no room for another session
     │   └── SessionFailedError      a stage reported an error for this session
     │       └── SessionEvictedError     a parked session gave its place to a new one
@@ -27,7 +28,8 @@
     │   └── HTTPError               the same, for the OpenAI-style HTTP API (mapped to a status)
     ├── ChatEndpointError      no agent on this PC serves chats (the endpoint file is missing)
     ├── ChatAnswerError        the agent answered a chat with an error event
-    └── BenchError             a measurement or benchmark step failed (``shoal bench stages``, ``bench/``)
+    ├── BenchError             a measurement or benchmark step failed (``shoal bench stages``, ``bench/``)
+    └── ServiceError           ``shoal service``: the platform's service manager is missing or refused a step
 
 Foreign exceptions (ssl, socket, OpenVINO, gguf, transformers) are mapped to these where they arrive,
 with ``raise ... from exc``, so that the command line prints one line and exits non-zero.
@@ -112,6 +114,11 @@ class PeerRefusedError(PeerUnavailableError):
     """The TLS handshake with a peer failed: its certificate is not of this fleet, or it refused ours."""
 
 
+class CertificateDatesError(PeerRefusedError):
+    """The peer's certificate is not yet valid, or has expired, by this PC's clock: one of the two clocks is set
+    wrong (or the certificate is due for renewal). ``discovery.clocks`` tells which, from the two PCs' times."""
+
+
 class FleetBusyError(RingError):
     """A stage already holds its configured maximum of sessions."""
 
@@ -125,18 +132,21 @@ class SessionEvictedError(SessionFailedError):
 
 
 class ChatProtocolError(ShoalError, ValueError):
-    """A request or event line is malformed; ``code`` names the kind for the client."""
+    """A request or event line is malformed; ``code`` names the kind for the client, ``param`` the request field at
+    fault (None when no one field is)."""
 
-    def __init__(self, message: str, code: str = "bad_request") -> None:
+    def __init__(self, message: str, code: str = "bad_request", param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.param = param
 
 
 class HTTPError(ChatProtocolError):
-    """A request to the OpenAI-style API is refused; ``code`` picks the HTTP status."""
+    """A request to the OpenAI-style API is refused; ``code`` picks the HTTP status, ``param`` names the request
+    field at fault (OpenAI's error ``param``; None when no one field is)."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message, code)
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message, code, param)
 
 
 class ChatEndpointError(ShoalError):
@@ -149,3 +159,7 @@ class ChatAnswerError(ShoalError):
 
 class BenchError(ShoalError):
     """A measurement or benchmark step (an export or a measured run) failed."""
+
+
+class ServiceError(ShoalError):
+    """``shoal service`` cannot install, query or remove the agent's service on this PC."""

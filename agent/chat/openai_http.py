@@ -5,7 +5,7 @@
 Prometheus text format, when the daemon gives a renderer), on loopback only, authorised by
 ``Authorization: Bearer TOKEN`` with the token of the agent's endpoint file. HTTP/1.1 is parsed by h11
 (sans-IO), connections are kept alive for a pooled client's next request. Request bodies are checked by
-``agent.chat.openai_request``. Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "code"}}``)
+``agent.chat.openai_request``. Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``)
 with a fitting status: 400 bad request, 401 wrong token, 404 unknown path or model, 413 body too large,
 429 fleet busy, 503 ring unavailable, 500 anything else. A client that disconnects cancels its answer, as
 on the chat endpoint.
@@ -19,6 +19,7 @@ import json
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,13 @@ class OpenAIEndpoint:
         self.connections = 0
         self.requests = 0
         """Connections accepted and requests read, all told (a kept-alive connection serves several)."""
+        self.refused: Counter[str] = Counter()
+        """Requests refused here, by code, before any answer began (a wrong token, a bad body, an unknown path or
+        model...); the chat service counts the answers that ended in an error."""
+
+    def status(self) -> dict[str, Any]:
+        """The ``http`` section of the agent's status."""
+        return {"connections": self.connections, "requests": self.requests, "refused": dict(self.refused)}
 
     async def start(self) -> tuple[str, int]:
         self._server = await listen_tcp(self._handle, self._listen, "the HTTP API")
@@ -102,10 +110,14 @@ class OpenAIEndpoint:
                     await self._route(connection, writer, request, body)
                 except HTTPError as exc:
                     log.warning("node=%s HTTP request refused: %s: %s", self.service.node, exc.code, exc)
+                    if not isinstance(exc, _AnswerError):
+                        self.refused[exc.code] += 1
                     if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
                         return
-                    await _send_json(connection, writer, STATUS_OF.get(exc.code, 500), _error_body(exc.code, str(exc)))
+                    refusal = _error_body(exc.code, str(exc), exc.param)
+                    await _send_json(connection, writer, STATUS_OF.get(exc.code, 500), refusal)
                 except (h11.RemoteProtocolError, TimeoutError) as exc:
+                    self.refused["bad_request"] += 1
                     if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                         await _send_json(
                             connection, writer, 400, _error_body("bad_request", f"bad HTTP request: {exc}")
@@ -161,7 +173,9 @@ class OpenAIEndpoint:
         asked = parse_openai(body, self.service.token, completion=completion)
         if asked.model not in (None, "", model):
             raise HTTPError(
-                "model_not_found", f"the model {asked.model!r} does not exist here: this fleet serves {model!r}"
+                "model_not_found",
+                f"the model {asked.model!r} does not exist here: this fleet serves {model!r}",
+                "model",
             )
         reply = _Reply(
             f"{'cmpl' if completion else 'chatcmpl'}-{secrets.token_hex(12)}", int(time.time()), model, completion
@@ -191,7 +205,7 @@ class OpenAIEndpoint:
             if event.event == "token":
                 text.append(event.text)
             elif event.event == "error":
-                raise HTTPError(event.code, event.text)
+                raise _AnswerError(event.code, event.text)
             elif event.event == "done":
                 text.append(event.text)
                 body = reply.body("".join(text), str(event.stats["finish_reason"]))
@@ -210,7 +224,7 @@ class OpenAIEndpoint:
             if event.event == "progress":
                 continue  # OpenAI's stream has no such chunk; its clients wait for the first token
             if event.event == "error" and not started:
-                raise HTTPError(event.code, event.text)  # nothing sent yet: a proper status
+                raise _AnswerError(event.code, event.text)  # nothing sent yet: a proper status
             if not started:
                 headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
                 await _send(writer, connection.send(h11.Response(status_code=200, headers=headers)))
@@ -228,10 +242,9 @@ class OpenAIEndpoint:
                     await _send_event(connection, writer, reply.chunk({"content": event.text}))
                 finish = str(event.stats["finish_reason"])
                 await _send_event(connection, writer, {**reply.chunk({}, finish), **_exact(event.stats)})
-                if include_usage:
-                    await _send_event(
-                        connection, writer, {**reply.chunk({}), "choices": [], "usage": _usage(event.stats)}
-                    )
+                if include_usage:  # the last chunk says it too, as the finish chunk does
+                    usage = {**reply.chunk({}), "choices": [], "usage": _usage(event.stats), **_exact(event.stats)}
+                    await _send_event(connection, writer, usage)
                 await _send(writer, connection.send(h11.Data(data=b"data: [DONE]\n\n")))
         await _send(writer, connection.send(h11.EndOfMessage()))
 
@@ -263,16 +276,22 @@ class _Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
 
 
+class _AnswerError(HTTPError):
+    """An error the chat service answered with (it counted it already)."""
+
+
 def _exact(stats: dict[str, Any]) -> dict[str, bool]:
-    """shoal's own field on an answer's last body or chunk: whether the ring computed it exactly as plain
-    decoding would, so the same request gets the same text (``AnswerTally.exact``). OpenAI's clients keep
-    fields they do not know (the ``openai`` client: ``response.model_extra``)."""
+    """shoal's own field on an answer's body, and on a stream's finish chunk and last chunk (the usage chunk with
+    ``include_usage``): whether the ring computed it exactly as plain decoding would, so the same request gets the
+    same text (``AnswerTally.exact``). OpenAI's clients keep fields they do not know (the ``openai`` client:
+    ``response.model_extra``)."""
     return {"exact": bool(stats.get("exact", False))}
 
 
-def _error_body(code: str, message: str) -> dict[str, Any]:
+def _error_body(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error body; ``param``: the request field at fault (null when no one field is)."""
     kind = "invalid_request_error" if STATUS_OF.get(code, 500) < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "code": code}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 async def _request_begins(connection: h11.Connection, reader: asyncio.StreamReader) -> None:

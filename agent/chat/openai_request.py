@@ -70,18 +70,20 @@ def parse_openai(body: bytes, token: str, *, completion: bool) -> OpenAIRequest:
         if name in handled or name in IGNORED or value is None:
             continue
         if name not in NEUTRAL:
-            raise HTTPError("bad_request", f"unsupported field {name!r}")
+            raise HTTPError("bad_request", f"unsupported field {name!r}", name)
         if value not in NEUTRAL[name]:
-            raise HTTPError("bad_request", f"{name}={json.dumps(value)} is not supported by shoal")
+            raise HTTPError("bad_request", _unsupported(name, value), name)
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
-        raise HTTPError("bad_request", "'stream' must be true or false")
+        raise HTTPError("bad_request", "'stream' must be true or false", "stream")
     options = data.get("stream_options") or {}
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-        raise HTTPError("bad_request", "'stream_options' must be an object with a boolean include_usage")
+        raise HTTPError(
+            "bad_request", "'stream_options' must be an object with a boolean include_usage", "stream_options"
+        )
     model = data.get("model")
     if model is not None and not isinstance(model, str):
-        raise HTTPError("bad_request", "'model' must be a string")
+        raise HTTPError("bad_request", "'model' must be a string", "model")
     fields: dict[str, Any] = {
         "token": token,
         "max_tokens": data.get("max_completion_tokens", data.get("max_tokens", 256)),
@@ -90,30 +92,40 @@ def parse_openai(body: bytes, token: str, *, completion: bool) -> OpenAIRequest:
     if completion:
         prompt = data.get("prompt")
         if not isinstance(prompt, str) or not prompt:
-            raise HTTPError("bad_request", "'prompt' must be a non-empty string (one prompt per request)")
+            raise HTTPError("bad_request", "'prompt' must be a non-empty string (one prompt per request)", "prompt")
         fields["prompt"] = prompt
     else:
         fields["messages"] = _messages(data.get("messages"))
     try:
         chat = ChatRequest.from_mapping(fields)
     except ChatProtocolError as exc:
-        raise HTTPError("bad_request", str(exc)) from exc
+        raise HTTPError("bad_request", str(exc), exc.param) from exc
     return OpenAIRequest(chat, model, stream, bool(options.get("include_usage", False)))
+
+
+def _unsupported(name: str, value: Any) -> str:
+    """Why a field's value is refused: a short value is quoted, a long one (a ``tools`` list is kilobytes of JSON)
+    only described."""
+    shown = json.dumps(value)
+    if len(shown) <= 40:
+        return f"{name}={shown} is not supported by shoal"
+    kind = f"a list of {len(value)}" if isinstance(value, list) else f"a {type(value).__name__}"
+    return f"{name!r} ({kind}) is not supported by shoal: send the request without it"
 
 
 def _messages(raw: Any) -> list[dict[str, str]]:
     if not isinstance(raw, list) or not raw:
-        raise HTTPError("bad_request", "'messages' must be a non-empty list")
+        raise HTTPError("bad_request", "'messages' must be a non-empty list", "messages")
     messages = []
     for item in raw:
         if not isinstance(item, dict):
-            raise HTTPError("bad_request", "each message must be an object")
+            raise HTTPError("bad_request", "each message must be an object", "messages")
         role = ROLES_AS.get(item.get("role"))  # type: ignore[arg-type]
         if role is None:
-            raise HTTPError("bad_request", f"a message's role must be one of {', '.join(ROLES_AS)}")
+            raise HTTPError("bad_request", f"a message's role must be one of {', '.join(ROLES_AS)}", "messages")
         extra = set(item) - {"role", "content", "name"}
         if extra:
-            raise HTTPError("bad_request", f"message fields {sorted(extra)} are not supported")
+            raise HTTPError("bad_request", f"message fields {sorted(extra)} are not supported", "messages")
         messages.append({"role": role, "content": _content(item.get("content"))})
     return messages
 
@@ -123,11 +135,11 @@ def _content(content: Any) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise HTTPError("bad_request", "a message's content must be text or a list of text parts")
+        raise HTTPError("bad_request", "a message's content must be text or a list of text parts", "messages")
     texts = []
     for part in content:
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise HTTPError("bad_request", f"content parts of type {kind!r} are not supported: only text")
+            raise HTTPError("bad_request", f"content parts of type {kind!r} are not supported: only text", "messages")
         texts.append(part["text"])
     return "".join(texts)

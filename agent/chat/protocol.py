@@ -75,20 +75,22 @@ class ChatRequest:
             data = {**data, "messages": [{"role": "user", "content": prompt}]}  # checked as one user turn
         raw = data.get("messages")
         if not isinstance(raw, list) or not raw:
-            raise ChatProtocolError("'messages' must be a non-empty list")
+            raise ChatProtocolError("'messages' must be a non-empty list", param="messages")
         messages = []
         for item in raw:
             if not isinstance(item, dict) or set(item) != {"role", "content"}:
-                raise ChatProtocolError('each message must be {"role": ..., "content": ...}')
+                raise ChatProtocolError('each message must be {"role": ..., "content": ...}', param="messages")
             role, content = item["role"], item["content"]
             if role not in ROLES or not isinstance(content, str):
-                raise ChatProtocolError(f"a message's role must be one of {', '.join(ROLES)} and its content text")
+                raise ChatProtocolError(
+                    f"a message's role must be one of {', '.join(ROLES)} and its content text", param="messages"
+                )
             messages.append((role, content))
         if messages[-1][0] != "user":
-            raise ChatProtocolError("the last message must be the user's")
+            raise ChatProtocolError("the last message must be the user's", param="messages")
         max_tokens = _typed(data, "max_tokens", int, 256)
         if max_tokens < 1:
-            raise ChatProtocolError("max_tokens must be at least 1")
+            raise ChatProtocolError("max_tokens must be at least 1", param="max_tokens")
         request = cls(
             token=token,
             messages=tuple(messages),
@@ -115,7 +117,9 @@ def _stops(value: Any) -> tuple[str, ...]:
         return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
-        raise ChatProtocolError(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them")
+        raise ChatProtocolError(
+            f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them", param="stop"
+        )
     return tuple(stops)
 
 
@@ -209,10 +213,10 @@ _MISSING = object()
 def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
     value = data.get(name, default)
     if value is _MISSING:
-        raise ChatProtocolError(f"missing field {name!r}")
+        raise ChatProtocolError(f"missing field {name!r}", param=name)
     # bool is an int to isinstance; a flag where a number belongs is still a mistake
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise ChatProtocolError(f"field {name!r} has the wrong type")
+        raise ChatProtocolError(f"field {name!r} has the wrong type", param=name)
     return value
 
 

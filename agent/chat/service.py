@@ -145,7 +145,7 @@ class ChatService:
         self.totals: Counter[str] = Counter()
         """What every answer given added up to: tokens, prompt and cached tokens, steps, drafts, seconds."""
         self.refused: Counter[str] = Counter()
-        """Answers that ended in an error, by its code."""
+        """Answers that ended in an error, and requests the chat endpoint refused, by code."""
         self.last_k = 0.0
         """The median K of the last answer (0: none drafted)."""
         self.answer_seconds = 0.0
@@ -238,15 +238,16 @@ class ChatService:
     def status(self) -> dict[str, Any]:
         """The chat part of the agent's status: where it listens, answers given and running, its own steps."""
         assert self._endpoint is not None
-        client = self._client
         return {
             "endpoint": f"{self._endpoint.host}:{self._endpoint.port}",
             "http": self._endpoint.http,
             "answered": self.answered,
             "inexact": self.inexact,
             "running": self.server.table.local - len(self.kept),
-            "local_steps": client.local_steps if client else 0,
-            "local_compute_seconds": round(client.local_seconds, 6) if client else 0.0,
+            # the KV states of its chats (running and kept) on its own stages, in-process
+            "local_sessions": self.server.table.local if self._holds_all or self._holds_first else 0,
+            "local_steps": self.server.local_steps,
+            "local_compute_seconds": round(self.server.local_compute_seconds, 6),
             "kept": len(self.kept),
             "replayed": self.replayed,
             "totals": dict(self.totals),
@@ -280,6 +281,7 @@ class ChatService:
             )
         except ChatProtocolError as exc:
             log.warning("node=%s chat request refused: %s", self.node, exc)
+            self.refused[exc.code] += 1
             with contextlib.suppress(ConnectionError):
                 writer.write(ChatEvent.error(exc.code, str(exc)).to_line())
                 await writer.drain()
@@ -565,7 +567,9 @@ class ChatService:
             session = PipelineSession(
                 await loop.run_in_executor(self.server.executor, new_sessions, self.server.stages)
             )
-            target: Target = LocalTarget(session, params, self.server.executor, self.server.exact)
+            target: Target = LocalTarget(
+                session, params, self.server.executor, self.server.exact, self.server.count_local_step
+            )
             turn = None
         else:
             try:
@@ -604,6 +608,7 @@ class ChatService:
                     liveness=self.config.liveness,
                     deadline=StepDeadline(self.config.step_timeout),
                     prefill_chunk=self.config.prefill_chunk,
+                    on_local_step=self.server.count_local_step,
                 )
                 await client.connect(self._ring_timeout)
                 self._client = client

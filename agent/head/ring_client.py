@@ -11,7 +11,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -90,8 +90,11 @@ class RingClient:
         liveness: Liveness | None = None,
         deadline: StepDeadline | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        on_local_step: Callable[[float], None] | None = None,
     ) -> None:
         """``liveness``: how the head's two links are watched (heartbeats; ``Liveness()`` by default);
+        ``on_local_step``: told the seconds of each step computed on ``local_stages`` (on the event loop: the agent
+        counts them with its stages' ring steps);
         ``deadline``: how long one step's answer is waited for (``StepDeadline()`` by default);
         ``prefill_chunk``: positions per chunk of a long prompt, pipelined through the ring (0: one step;
         ``agent.head.prefill``)."""
@@ -117,9 +120,7 @@ class RingClient:
         self._sessions: dict[int, RingSession] = {}
         self._readers: list[asyncio.Task[Any]] = []
         self.failure: RingError | None = None
-        self.local_steps = 0
-        self.local_seconds = 0.0
-        """Steps of this head's sessions on its own stages, and the time they took (on the executor)."""
+        self._on_local_step = on_local_step
         self.turn = HeadTurn()
         """The head's core, shared by its sessions: each step's local work (drafting, the head's stages) is
         done holding it (``decode(turn=...)``), so that sessions take whole turns instead of interleaving."""
@@ -261,6 +262,11 @@ class RingClient:
 
     async def run_local(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def counted_local(self, seconds: float) -> None:
+        """One step computed on the head's own stages, in ``seconds``."""
+        if self._on_local_step is not None:
+            self._on_local_step(seconds)
 
     async def close(self) -> None:
         for session in list(self._sessions.values()):
@@ -467,7 +473,8 @@ class RingSession:
 
     async def _send_step(self, fields: FrameFields, ids: list[int]) -> None:
         if self._local:
-            hidden = await self.client.run_local(self._run_local, ids, fields["rewind"], fields["position"])
+            hidden, seconds = await self.client.run_local(self._run_local, ids, fields["rewind"], fields["position"])
+            self.client.counted_local(seconds)
             frame = Frame.tensor(FrameType.STEP, hidden, **fields)
         else:
             frame = Frame.tensor(FrameType.STEP, np.asarray([ids], dtype=np.int32), **fields)
@@ -477,7 +484,8 @@ class RingSession:
             self.prompt_bytes_sent += sent
         await self.client.send_first(frame)
 
-    def _run_local(self, ids: list[int], rewind: int, position: int) -> np.ndarray:
+    def _run_local(self, ids: list[int], rewind: int, position: int) -> tuple[np.ndarray, float]:
+        """Runs on the executor: the hidden states of ``ids`` from the head's own stages, and the seconds taken."""
         started = time.perf_counter()
         positions = np.arange(position, position + len(ids), dtype=np.int64)[None]
         x: np.ndarray = np.asarray([ids], dtype=np.int64)
@@ -485,9 +493,7 @@ class RingSession:
             session.rewind(rewind)
             x = session.step(x, positions)
         hidden = np.array(x, dtype=self.client._wire_dtype)
-        self.client.local_steps += 1
-        self.client.local_seconds += time.perf_counter() - started
-        return hidden
+        return hidden, time.perf_counter() - started
 
     async def park(self) -> None:
         """Tell every stage the session waits for its conversation's next turn (``FrameType.PARK``): a stage

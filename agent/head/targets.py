@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Protocol
 
@@ -79,26 +81,35 @@ class LocalTarget:
         params: SamplingParams,
         executor: Executor | None = None,
         exact: bool | None = None,
+        on_step: Callable[[float], None] | None = None,
     ) -> None:
         """``exact``: the stages' speculation exactness (``agent.runtime.repeatable.stages_exact``; None, not
-        known: no step that could round otherwise counts as repeatable)."""
+        known: no step that could round otherwise counts as repeatable); ``on_step``: told the seconds of each
+        step (on the event loop: an agent counts them with its stages' ring steps)."""
         self._session = session
         self._params = params
         self._executor = executor
         self._exact = exact
+        self._on_step = on_step
         self._repeatable = True
         self._order = asyncio.Lock()  # FIFO: submitted steps run one after the other, in order
 
-    def _run(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
+    def _run(self, ids: list[int], rewind: int, last_only: bool) -> tuple[StepOutput, float]:
+        started = time.perf_counter()
         self._session.rewind(rewind)
         logits = self._session.step(np.asarray([ids], dtype=np.int64), last_only=last_only)
-        return read_out(logits, self._params, last_only)
+        output = read_out(logits, self._params, last_only)
+        return output, time.perf_counter() - started  # the step's work, as a stage server times its steps
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
         if not step_is_repeatable(self._exact, len(ids), rewind, last_only):
             self._repeatable = False
         async with self._order:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, ids, rewind, last_only)
+            loop = asyncio.get_running_loop()
+            output, seconds = await loop.run_in_executor(self._executor, self._run, ids, rewind, last_only)
+        if self._on_step is not None:
+            self._on_step(seconds)
+        return output
 
     async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
         task = asyncio.get_running_loop().create_task(self.step(ids, rewind, last_only))

@@ -8,12 +8,15 @@ registry: two agents in one process, as in the tests, expose their own figures).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from discovery.membership import MemberState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The exposition format's media type (what Prometheus expects of a ``/metrics`` answer)."""
@@ -31,8 +34,10 @@ class StatusCollector(Collector):
         status = self._status()
         node = str(status.get("node", ""))
         yield from _stage_metrics(status, node)
-        if isinstance(chat := status.get("chat"), Mapping):
+        chat = status.get("chat")
+        if isinstance(chat, Mapping):
             yield from _chat_metrics(chat, node)
+        yield _errors(chat if isinstance(chat, Mapping) else {}, status.get("http") or {}, node)
         if isinstance(members := status.get("members"), Mapping):
             yield from _member_metrics(members, node)
         if isinstance(plan := status.get("plan"), Mapping):
@@ -59,11 +64,15 @@ def _gauge(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:
 
 
 def _stage_metrics(status: Mapping[str, Any], node: str) -> Iterator[Metric]:
+    """The stages' figures count their ring work and the work they do in-process for the agent's own chats
+    (a head holding stage 0 computes it for its chats without a ring step)."""
+    chat = status.get("chat")
+    own_sessions = chat.get("local_sessions") or 0 if isinstance(chat, Mapping) else 0
     yield _gauge(
         "shoal_sessions_open",
-        "Sessions this agent's stages hold (parked included).",
+        "Sessions this agent's stages hold: the ring's (parked included) and its own chats' (kept included).",
         node,
-        len(status.get("sessions") or []),
+        len(status.get("sessions") or []) + own_sessions,
     )
     yield _gauge("shoal_sessions_parked", "Sessions kept between a chat's turns.", node, status.get("parked") or 0)
     yield _gauge(
@@ -76,15 +85,21 @@ def _stage_metrics(status: Mapping[str, Any], node: str) -> Iterator[Metric]:
         status.get("evicted") or 0,
     )
     yield _counter(
-        "shoal_stage_steps", "Ring steps this agent's stages computed.", node, status.get("steps_served") or 0
+        "shoal_stage_steps",
+        "Steps this agent's stages computed: ring steps, and its own chats' steps computed in-process.",
+        node,
+        (status.get("steps_served") or 0) + (status.get("local_steps") or 0),
     )
     yield _counter(
-        "shoal_stage_compute_seconds", "Seconds those steps computed.", node, status.get("compute_seconds") or 0.0
+        "shoal_stage_compute_seconds",
+        "Seconds those steps computed.",
+        node,
+        (status.get("compute_seconds") or 0.0) + (status.get("local_compute_seconds") or 0.0),
     )
     times = status.get("step_seconds")
     if isinstance(times, Mapping) and times.get("le"):
         family = HistogramMetricFamily(
-            "shoal_stage_step_seconds", "Duration of one ring step on this agent's stages.", labels=["node"]
+            "shoal_stage_step_seconds", "Duration of one step on this agent's stages.", labels=["node"]
         )
         buckets = [(_bound(b), float(c)) for b, c in zip(times["le"], times["counts"], strict=True)]
         buckets.append(("+Inf", float(times["count"])))
@@ -128,22 +143,31 @@ def _chat_metrics(chat: Mapping[str, Any], node: str) -> Iterator[Metric]:
     yield _gauge(
         "shoal_chat_k", "The median K (tokens drafted per step) of the last answer.", node, chat.get("last_k") or 0.0
     )
+
+
+def _errors(chat: Mapping[str, Any], http: Mapping[str, Any], node: str) -> Metric:
+    """Every refusal, by code: answers that ended in an error and requests the chat endpoint refused (the chat
+    service's count), and requests the HTTP API refused before an answer began (its own)."""
+    counts: Counter[str] = Counter()
+    for refused in (chat.get("refused"), http.get("refused")):
+        counts.update(refused or {})
     errors = CounterMetricFamily(
-        "shoal_chat_errors", "Answers that ended in an error, by code.", labels=["node", "code"]
+        "shoal_chat_errors",
+        "Chat and API requests refused, and answers that ended in an error, by code.",
+        labels=["node", "code"],
     )
-    for code, count in sorted((chat.get("refused") or {}).items()):
+    for code, count in sorted(counts.items()):
         errors.add_metric([node, code], count)
-    yield errors
+    return errors
 
 
 def _member_metrics(members: Mapping[str, Any], node: str) -> Iterator[Metric]:
     family = GaugeMetricFamily(
         "shoal_fleet_members", "Other agents this agent knows, by state.", labels=["node", "state"]
     )
-    counts: dict[str, int] = {}
-    for member in members.get("members") or []:
-        state = str(member.get("state"))
-        counts[state] = counts.get(state, 0) + 1
+    # every state, known or not: a ring wired by hand knows nobody, and says 0 rather than nothing
+    counts: Counter[str] = Counter({str(state): 0 for state in MemberState})
+    counts.update(str(member.get("state")) for member in members.get("members") or [])
     for state, count in sorted(counts.items()):
         family.add_metric([node, state], count)
     yield family

@@ -85,8 +85,12 @@ class StageServer:
         """Where this agent listens (the bound port once started)."""
         self.steps_served = 0
         self.compute_seconds = 0.0
+        """Ring steps this agent's stages computed for the heads that sent them, and their seconds."""
+        self.local_steps = 0
+        self.local_compute_seconds = 0.0
+        """Steps this agent's stages computed in-process for the chats it heads (:meth:`count_local_step`)."""
         self.step_times = StepTimes()
-        """The durations of the steps counted in ``steps_served``."""
+        """The durations of every step its stages computed: the ring's and its own chats'."""
         self.kv_cut_seconds = 0.0
         """Of ``compute_seconds``: cutting rejected drafts out of the KV state (``--rewind compact``)."""
         self.status_sections: dict[str, Callable[[], Any]] = {}
@@ -538,6 +542,12 @@ class StageServer:
                 report = ErrorReport("peer_lost", f"{self.node} lost the next stage: {reason}", self.node)
                 await _send_quietly(state.upstream, report.to_frame(session))
 
+    def count_local_step(self, seconds: float) -> None:
+        """Count a step of this agent's own chats that its stages computed in-process (on the event loop)."""
+        self.local_steps += 1
+        self.local_compute_seconds += seconds
+        self.step_times.observe(seconds)
+
     @property
     def exact(self) -> bool | None:
         """Whether this agent's stages compute a step the same in any grouping of its positions
@@ -564,6 +574,8 @@ class StageServer:
             "max_sessions": self.table.capacity,
             "steps_served": self.steps_served,
             "compute_seconds": round(self.compute_seconds, 6),
+            "local_steps": self.local_steps,
+            "local_compute_seconds": round(self.local_compute_seconds, 6),
             "step_seconds": self.step_times.to_json(),
             "kv_cut_seconds": round(self.kv_cut_seconds, 6),
             "queued": self._queue.qsize(),

@@ -101,10 +101,38 @@ def test_the_message_forms_clients_send_are_accepted_and_what_shoal_cannot_honou
                 await client.chat.completions.create(
                     model="toy/decoder", messages=[{"role": "user", "content": [picture]}]
                 )
-            with pytest.raises(openai.BadRequestError, match="logprobs=true is not supported"):
+            with pytest.raises(openai.BadRequestError, match="n=2 is not supported") as refused:
                 await client.chat.completions.create(
-                    model="toy/decoder", messages=[{"role": "user", "content": "hi"}], logprobs=True
+                    model="toy/decoder", messages=[{"role": "user", "content": "hi"}], n=2
                 )
+            assert refused.value.param == "n"
+
+    run(main)
+
+
+def test_errors_name_the_field_at_fault_and_a_tools_refusal_does_not_repeat_the_tools(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _api(tmp_path) as (_ring, _daemon, client):
+            tool = {
+                "type": "function",
+                "function": {"name": "weather", "description": "x" * 500, "parameters": {"type": "object"}},
+            }
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.chat.completions.create(
+                    model="toy/decoder", messages=[{"role": "user", "content": "hi"}], tools=[tool, tool]
+                )
+            assert refused.value.param == "tools" and refused.value.code == "bad_request"
+            assert "'tools' (a list of 2) is not supported" in refused.value.message
+            assert "weather" not in refused.value.message and len(refused.value.message) < 200
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.chat.completions.create(
+                    model="toy/decoder", messages=[{"role": "user", "content": "hi"}], max_tokens=0
+                )
+            assert refused.value.param == "max_tokens"
+            with pytest.raises(openai.NotFoundError) as missing:
+                await client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+            assert missing.value.param == "model"
+            assert isinstance(missing.value.body, dict) and "param" in missing.value.body
 
     run(main)
 
@@ -137,6 +165,10 @@ def test_usage_comes_last_in_a_stream_and_a_kept_alive_connection_serves_the_nex
             chunks = [chunk async for chunk in stream]
             assert chunks[-1].choices == [] and chunks[-1].usage is not None
             assert chunks[-1].usage.completion_tokens == 8
+            # the README: exact rides on a stream's last chunk (and on the finish chunk before it)
+            assert chunks[-1].model_extra is not None and chunks[-1].model_extra["exact"] is True
+            assert chunks[-2].choices[0].finish_reason == "length"
+            assert chunks[-2].model_extra is not None and chunks[-2].model_extra["exact"] is True
             again = await client.chat.completions.create(model="toy/decoder", messages=messages, max_tokens=8)
             assert again.usage is not None and again.usage.completion_tokens == 8
             assert daemon.http is not None
