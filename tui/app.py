@@ -299,6 +299,7 @@ class ChatApp(App[None]):
         self._end(turn, f"answered: {stats['tokens']} tokens, {stats['tok_s']:.1f} tok/s", "ok")
         throughput = self.throughput
         throughput.rate, throughput.ttft = stats["tok_s"], stats["ttft"]
+        self.rates.answered(stats["tok_s"], self._clock())
         self._tick()
         self._keep(turn, stats)
 
@@ -355,9 +356,11 @@ class ChatApp(App[None]):
             self._set_chat(self.settings.describe(), "ok")
 
     def _tick(self) -> None:
-        self.throughput.series = tuple(self.rates.series(self._clock()))
+        now = self._clock()
+        self.throughput.series = tuple(self.rates.series(now))
+        self.throughput.fastest = self.rates.fastest(now)
         if self.turn is not None and self.turn.tally.first_token_at is not None:
-            self._show_rate(self.turn, self._clock())
+            self._show_rate(self.turn, now)
 
     # -- the fleet --------------------------------------------------------------------------------
     @work(group="status", exclusive=True, exit_on_error=False)

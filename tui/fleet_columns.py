@@ -3,9 +3,13 @@
 A wide fleet view shows every column: the stage, its node, its layers as a span bar over the whole model
 (Petals' health monitor draws one per server) with their range, the device, the state, the step latency, the
 sessions open and parked, the agent's memory, the stage's share of the ring's time and the standbys. A narrower
-one first drops the standbys (the members table lists them too), then the layers' range (the bar stays), then
-abbreviates headers and figures, then drops the least telling columns one by one (:data:`DROP_ORDER`).
+one first drops the standbys (the members table lists them too), then abbreviates headers and figures, then
+drops the layers' range (the bar stays), then the least telling columns one by one (:data:`DROP_ORDER`).
 Whatever is left over widens the span bars.
+
+The choice is made with room for the figures that come once the ring works (a step latency, sessions, memory,
+a share: :data:`ROOM`), so that the first answer does not change the columns (issue 40 §7: the layers lost
+their range when the step column filled in).
 """
 
 from __future__ import annotations
@@ -45,13 +49,21 @@ COLUMNS = (
 )
 DROP_ORDER = ("memory", "device", "sessions", "share", "step", "layers")
 """The columns a compact table gives up, first to last, until it fits; stage, node and state always stay."""
+ROOM = {
+    "step": ("99.9 ms", "99.9 ms"),
+    "sessions": ("1, 0 parked", "1/0"),
+    "memory": ("999 MiB", "999M"),
+    "share": ("99 %", "99 %"),
+}
+"""Cells kept for the figures a stage's agent reports once it works (full, compact): before they come, a cell
+shows only ``—``."""
 
 
 @dataclass(frozen=True)
 class TableLayout:
     columns: tuple[Column, ...]
     compact: bool
-    """Short headers and figures, the span bar without its range."""
+    """Short headers and figures."""
     bar: int
     """Cells of each span bar."""
     ranges: bool = True
@@ -68,7 +80,7 @@ class TableLayout:
 def layout_for(report: FleetReport, width: int) -> TableLayout:
     """The fullest table of ``report``'s stages that fits ``width`` columns (the last resort may not)."""
     dropped: tuple[str, ...] = ("standbys",)
-    levels = [(False, True, ()), (False, True, dropped), (False, False, dropped), (True, False, dropped)]
+    levels = [(False, True, ()), (False, True, dropped), (True, True, dropped), (True, False, dropped)]
     for key in DROP_ORDER:
         dropped = (*dropped, key)
         levels.append((True, False, dropped))
@@ -96,10 +108,11 @@ def _bar_width(layers: int | None, room: int, edges: set[int]) -> int:
 
 
 def table_width(report: FleetReport, layout: TableLayout) -> int:
-    """Columns the table of ``report`` takes in ``layout``."""
+    """Columns the table of ``report`` takes in ``layout``, with :data:`ROOM` for the figures to come."""
     rows = [row_cells(row, report.layers, layout) for row in report.stages]
+    room = [len(ROOM[key][layout.compact]) if key in ROOM and rows else 0 for key in layout.keys]
     return sum(
-        max([len(header), *(len(cells[i]) for cells in rows)]) + CELL_PADDING
+        max([len(header), room[i], *(len(cells[i]) for cells in rows)]) + CELL_PADDING
         for i, header in enumerate(layout.headers())
     )
 
@@ -116,7 +129,7 @@ def cells(row: StageRow, total: int | None, compact: bool, bar: int, ranges: boo
     span = span_bar(row.layers, total, bar)
     layers = UNKNOWN
     if span is not None and row.layers is not None:
-        layers = f"{span} {row.layers[0]}-{row.layers[1] - 1}" if ranges and not compact else span
+        layers = f"{span} {row.layers[0]}-{row.layers[1] - 1}" if ranges else span
     standbys = ", ".join(f"{s.name} ({s.text})" for s in row.standbys) or "none"
     return {
         "stage": str(row.stage),

@@ -40,8 +40,8 @@ def add_chat_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--identity",
         default=None,
         metavar="NAME|DIR",
-        help="this PC's node identity, to show the fleet: its folder, or a node name under <data dir>/fleet/nodes "
-        "(default: the only one there)",
+        help="the identity of this PC's agent (the one started with --chat), to show the fleet: its folder, or a "
+        "node name under <data dir>/fleet/nodes (default: the only one there)",
     )
     p.add_argument(
         "--chat-file", type=Path, default=None, help="the agent's chat endpoint file (default: <data dir>/chat.json)"
@@ -113,7 +113,10 @@ def status_source(identity: str | None, data_dir: Path) -> StatusSource:
         address = await asyncio.to_thread(running_agent, folder)
         if address is None:
             start = f"shoal agent --identity {folder} --chat 127.0.0.1:0"
-            raise PeerUnavailableError(f"no agent runs with the identity in {folder}: start `{start}`")
+            raise PeerUnavailableError(
+                f"no agent runs with the identity in {folder}: --identity names the identity of this PC's agent, "
+                f"the one started with --chat; or start `{start}`"
+            )
         return await StatusLink.open(parse_address(address), node, timeout=STATUS_TIMEOUT)
 
     return LinkStatusSource(connect)

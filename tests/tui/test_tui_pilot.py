@@ -93,6 +93,10 @@ def test_a_prompt_streams_its_answer_into_the_view_with_its_rate_and_time_to_fir
             assert notes(app)[1] == "2 tokens · first token 0.25 s · 8.0 tok/s"
             markdown = app.query(Markdown).last()
             assert markdown.source == "Lyon too."
+            # the throughput box: its figure for the last minutes is never below the last answer's (issue 40 §7:
+            # "peak 14.0 tok/s" beside "last answer: 20.1 tok/s", a 2 s bucket's average taken for a peak)
+            assert str(app.query_one("#throughput-now", Label).content) == "last answer: 8.0 tok/s · first token 0.25 s"
+            assert str(app.query_one("#throughput-scale", Label).content) == "last 3 min · fastest answer 8.0 tok/s"
 
     run(main)
     assert chat.requests[0][0] == (("user", "capital?"),)
@@ -279,10 +283,12 @@ def test_the_fleet_table_fills_from_the_status_and_an_uncovered_stage_shows_a_ba
             assert banner.display and banner.region.width > 0  # shown: the fleet page replaced the chat
             assert str(banner.render()) == "Stage 0 is uncovered: every member that can hold it serves another stage"
             table = app.query_one("#fleet-stages", DataTable)
-            rows = [[row[k] for k in ("Stage", "Node", "State")] for row in table_rows(table)]
+            # at 80 columns the table is abbreviated and keeps the layers' ranges
+            rows = [[row[k] for k in ("#", "Node", "State")] for row in table_rows(table)]
             assert rows == [["0", "—", "uncovered"], ["1", "beta", "ready"], ["2", "gamma", "ready"]]
             # each stage's third of the model's 30 layers, drawn as the same third of its span bar
-            bars = [row["Layers"] for row in table_rows(table)]
+            bars = [row["Layers"].split()[0] for row in table_rows(table)]
+            assert [row["Layers"].split()[1] for row in table_rows(table)] == ["0-9", "10-19", "20-29"]
             third = len(bars[0]) // 3
             assert bars == [
                 "█" * third + "░" * 2 * third,
@@ -291,7 +297,7 @@ def test_the_fleet_table_fills_from_the_status_and_an_uncovered_stage_shows_a_ba
             ]
             # no stage agent was asked (no peer source): their own figures are unknown, the announced device is not
             assert {row["Step"] for row in table_rows(table)} == {"—"}
-            assert [row["Device"] for row in table_rows(table)] == ["—", "CPU", "CPU"]
+            assert [row["Dev"] for row in table_rows(table)] == ["—", "CPU", "CPU"]
             others = app.query_one("#fleet-others", DataTable)
             assert [str(others.get_row_at(i)[0]) for i in range(others.row_count)] == ["epsilon", "alpha"]
             assert app.query_one(StatusLine).fleet == ("stage 0 uncovered", "error")
@@ -335,7 +341,7 @@ def test_the_fleet_reads_each_stage_agent_and_one_gone_or_frozen_shows_unknown_w
             table = app.fleet_view.stages
             await until(pilot, lambda: table_rows(table)[1]["Step"] == "24.0 ms", "beta's own figures")
             assert [row["Share"] for row in table_rows(table)] == ["20 %", "60 %", "20 %"]
-            assert table_rows(table)[1]["Sessions"] == "2, 1 parked" and table_rows(table)[1]["Memory"] == "1.6 GiB"
+            assert table_rows(table)[1]["Sess"] == "2/1" and table_rows(table)[1]["Mem"] == "1.6G"
             assert {node for node, _ in peers.asked} == {NODES["alpha"], NODES["beta"], NODES["gamma"]}
             assert (NODES["beta"], "127.0.0.1:44004") in peers.asked  # at the address the members section gives
             # beta's agent stops answering: its figures go unknown, and so do the shares
@@ -402,3 +408,27 @@ def test_a_frozen_agent_never_freezes_the_app(tmp_path: Path) -> None:
 
     run(main)
     assert status.closed  # the app closed its source on the way out
+
+
+@pytest.mark.parametrize("size", [(60, 20), (80, 24), (160, 48)], ids=["60x20", "80x24", "160x48"])
+def test_a_notification_never_covers_the_prompt(tmp_path: Path, size: tuple[int, int]) -> None:
+    """The fleet's error (here the agent of another identity, as a newcomer met it) shows as a toast that leaves
+    the prompt in view (issue 40 §7: at 60 columns it covered half the prompt)."""
+    from textual.widgets._toast import Toast
+
+    folder = "/home/someone/.local/share/shoal/fleet/nodes/me"
+    error = (
+        f"no agent runs with the identity in {folder}: --identity names the identity of this PC's agent, the one "
+        f"started with --chat; or start `shoal agent --identity {folder} --chat 127.0.0.1:0`"
+    )
+
+    async def main() -> None:
+        app = make_app(tmp_path, FakeChat(), FakeStatus(error=error))
+        async with app.run_test(size=size, notifications=True) as pilot:  # the test harness hides toasts
+            await until(pilot, lambda: len(app.screen.query(Toast)) == 1, "the fleet's toast")
+            await pilot.pause(0.1)
+            toast, prompt = app.screen.query_one(Toast), app.query_one(PromptInput)
+            assert toast.region.area > 0 and prompt.region.area > 0
+            assert not toast.region.overlaps(prompt.region), (toast.region, prompt.region)
+
+    run(main)

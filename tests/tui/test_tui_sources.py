@@ -131,6 +131,21 @@ def test_the_chat_command_says_what_to_start_and_finds_an_identity_by_name(
     assert peer_source("pc7", tmp_path) is None  # no identity to dial the stage agents with: their figures are unknown
 
 
+def test_an_identity_no_agent_runs_with_is_told_to_be_the_one_of_the_agent_started_with_chat(tmp_path: Path) -> None:
+    """The README's hand-wired ring issues ``me`` for ``shoal generate``; passed to ``shoal chat`` it names no
+    running agent, and the fleet view says which identity it wants (issue 40 §7)."""
+    from agent.fleet import init_fleet, issue_node
+
+    init_fleet(tmp_path / "fleet", "ours")
+    me = issue_node(tmp_path / "fleet", "me")
+    with pytest.raises(PeerUnavailableError) as refused:
+        asyncio.run(status_source("me", tmp_path).get())
+    assert str(refused.value) == (
+        f"no agent runs with the identity in {me.cert.parent}: --identity names the identity of this PC's agent, "
+        f"the one started with --chat; or start `shoal agent --identity {me.cert.parent} --chat 127.0.0.1:0`"
+    )
+
+
 def test_the_peer_source_keeps_a_link_per_node_and_dials_a_node_again_at_its_new_address() -> None:
     dialled: list[tuple[str, FakeLink]] = []
 

@@ -134,15 +134,27 @@ def test_the_stage_table_keeps_what_fits_and_gives_the_rest_to_the_bars() -> Non
     wide = layout_for(report, 200)
     assert wide.keys == tuple(c.key for c in COLUMNS) and wide.ranges and wide.bar == BAR_MAX
     assert layout_for(report, 125).bar == 21  # what is left over, in a count where the three stages are equal
-    at_80 = layout_for(report, 78)  # the F2 page of an 80-column terminal
-    assert at_80.headers() == ("Stage", "Node", "Layers", "Device", "State", "Step", "Sessions", "Memory", "Share")
-    assert not at_80.ranges and at_80.bar == 9
+    at_80 = layout_for(report, 78)  # the F2 page of an 80-column terminal: abbreviated, the layers' range kept
+    assert at_80.headers() == ("#", "Node", "Layers", "Dev", "State", "Step", "Sess", "Mem", "Share")
+    assert at_80.ranges and at_80.bar == 18
+    assert row_cells(report.stages[1], report.layers, at_80)[2] == "░░░░░░██████░░░░░░ 10-19"
     compact = layout_for(report, 60)
     assert compact.compact and compact.headers()[:3] == ("#", "Node", "Layers")
     assert row_cells(report.stages[1], report.layers, compact)[-3:] == ("2/1", "1.6G", "60 %")
     assert layout_for(report, 20).keys == ("stage", "node", "state")
     for width in range(17, 201):
         assert table_width(report, layout_for(report, width)) <= width, width
+
+
+def test_the_stage_tables_columns_do_not_change_when_the_stages_figures_come_in() -> None:
+    """Before the first answer no stage has a step latency, sessions or a share; once they come the table keeps
+    its columns (issue 40 §7: the layers lost their range ``0-10`` when the step column filled in)."""
+    before = fleet_report(fleet_status())
+    after = fleet_report(fleet_status(), peer_statuses())
+    assert all(row.load.step_ms is None for row in before.stages)
+    assert all(row.load.step_ms is not None and row.share is not None for row in after.stages)
+    for width in range(17, 201):
+        assert layout_for(before, width) == layout_for(after, width), width
 
 
 def test_settings_are_checked_and_parsed_from_the_dialogs_text() -> None:
@@ -185,6 +197,19 @@ def test_the_rate_history_counts_tokens_per_second_in_a_sliding_window() -> None
     history.add(6, 106.5)
     assert history.series(107.0) == [0.0, 3.0, 0.0, 0.0, 3.0]  # buckets 98-100 .. 106-108
     assert history.series(120.0) == [0.0] * 5  # all slid out
+
+
+def test_the_fastest_answer_is_an_answers_own_rate_within_the_window() -> None:
+    history = RateHistory(window=10.0, bucket=2.0)
+    for i in range(20):  # 20 tokens streamed in one second, across two buckets: no bucket shows 20 tok/s
+        history.add(1, 99.5 + i * 0.05)
+    history.answered(20.0, 100.5)
+    assert max(history.series(101.0)) < 20.0
+    assert history.fastest(101.0) == 20.0
+    history.answered(12.0, 105.0)
+    assert history.fastest(106.0) == 20.0
+    assert history.fastest(111.0) == 12.0  # the first slid out of the window
+    assert history.fastest(115.0) is None
 
 
 def test_the_store_keeps_turns_lists_newest_first_deletes_and_keeps_settings(tmp_path: Path) -> None:
