@@ -17,7 +17,10 @@ Figures (the goals of issue 24):
 - ``mirror_mb_s`` / ``http_mb_s`` / ``download_ratio``: the largest stage file fetched by ``huggingface_hub``
   from olah, against a plain HTTP download of the same file from the same host (goal ratio >= 0.8);
   ``olah_plain_mb_s`` / ``client_ratio``: the same olah URL read plainly, which tells the client's share
-  (``huggingface_hub``: its HEAD, its cache) from the server's.
+  (``huggingface_hub``: its HEAD, its cache) from the server's;
+- ``outage_answer_s``: the 4 agents started again with empty shard caches; the mirror is stopped once a stage's
+  download is under way and started again ``--outage`` seconds later (``outage_down_s``): seconds from its
+  return to the ring's first answer, the agents never restarted (issue 41: before, their fetch loops died).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--downloads", type=int, default=3, help="downloads of each kind (median reported)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--work", type=Path, default=None, help="keep the agents' logs and caches here (default: temp)")
+    parser.add_argument("--outage", type=float, default=20.0, help="seconds the mirror is down mid-download")
 
 
 def run_plan_bench(args: argparse.Namespace, cache_dir: Path) -> int:
@@ -114,6 +119,7 @@ def run_plan_bench(args: argparse.Namespace, cache_dir: Path) -> int:
             report["ring_cached_s"] = bench.form(commit, cold=False)
             report["failover_s"] = bench.failover()
             bench.stop_all()
+            report.update(bench.outage(mirror, args.outage))
             report.update(bench.downloads(export, commit, args.downloads))
         finally:
             mirror.stop()
@@ -200,6 +206,34 @@ class _PlanBench:
         time.sleep(max(0.0, began - time.monotonic()))
         self.fleet.running[victim].process.kill()
         return self._answered(asker, began, f"failover after kill -9 of {victim}")
+
+    def outage(self, mirror: Any, down_for: float) -> dict[str, float]:
+        """The ring formed again from empty shard caches, its mirror stopped once a stage's download is under way
+        and started again ``down_for`` seconds later: seconds from the mirror's return to the ring's answer."""
+        shutil.rmtree(self.root / "shards", ignore_errors=True)
+        self.chat_file.unlink(missing_ok=True)
+        threads = [threading.Thread(target=self._start, args=(host,)) for host in range(1, HEAD_HOST + 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.fleet.until(self._downloading, 180, "a stage's download under way")
+        mirror.stop()
+        time.sleep(down_for)
+        back = time.monotonic() + 3.0  # the asker's own start (imports) is not the wait
+        asker = self._asker(300, start_at=back)
+        time.sleep(max(0.0, back - time.monotonic()))
+        mirror.start()
+        took = self._answered(asker, back, f"the ring after a {down_for:g} s mirror outage")
+        self.stop_all()
+        return {"outage_down_s": down_for, "outage_answer_s": took}
+
+    def _downloading(self) -> bool:
+        try:
+            stages = self.fleet.plan("pc1")["stages"]
+        except AssertionError:  # pc1 does not answer its status yet
+            return False
+        return any(s.get("state") == "downloading" and (s.get("progress") or 0) > 0 for s in stages)
 
     def _standby(self) -> str | None:
         for stage in self.fleet.plan("pc1")["stages"]:
