@@ -1,10 +1,14 @@
 """stdout is a command's results (issue 40 §5): the answer of ``shoal demo --headless`` and its plan, and nothing
-of the libraries the export runs (nncf's log records and bit-width tables, its progress bars)."""
+of the libraries the export runs (nncf's log records and bit-width tables, its progress bars). ``shoal generate``'s
+stdout is checked in ``test_export_graphs.py``."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 COMPRESS_A_TOY_GRAPH = """
 import logging, sys
@@ -38,3 +42,28 @@ def test_weight_compression_writes_nothing_on_stdout_and_logs_at_the_application
     # with the CLI's -v, nncf's records and bars are on stderr, as the application's log lines
     assert "INFO:nncf:Statistics of the bitwidth distribution" in verbose.stderr
     assert "Applying Weight Compression" in verbose.stderr
+
+
+def test_the_demo_prints_only_its_answer_and_the_plan_on_stdout(cache_dir: Path, tmp_path: Path) -> None:
+    """A first ``shoal demo --headless``: it exports (nncf compresses every stage), forms the ring, answers; stdout
+    holds the answer, then the plan's lines, and nothing else."""
+    env = {**os.environ, "SHOAL_CACHE_DIR": str(cache_dir), "SHOAL_DATA_DIR": str(tmp_path / "data")}
+    command = [sys.executable, "-m", "agent.cli.main", "demo", "--headless", "--stages", "2", "--max-tokens", "24"]
+    done = subprocess.run(
+        [*command, "--prompt", "What is the capital of France?", "--out", str(tmp_path / "export")],
+        capture_output=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=400,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the ring formed" in done.stderr
+    lines = done.stdout.rstrip("\n").split("\n")
+    plan_at = next(i for i, line in enumerate(lines) if line.startswith("plan "))
+    answer, plan = lines[:plan_at], lines[plan_at:]
+    assert re.fullmatch(r"plan [0-9a-f]{12} epoch \d+ for document \d+ \(planned by demo-pc\d\): ready", plan[0])
+    assert [line.split(":")[0] for line in plan[1:]] == ["  stage 0", "  stage 1"], plan
+    assert "".join(answer).strip(), done.stdout
+    for noise in ("nncf", "INFO", "WARNING", "━", "Weight Compression", "%|", "tok/s"):
+        assert noise not in done.stdout, noise
