@@ -10,8 +10,9 @@ Parts, in start order (stopped in reverse):
 - for an agent of a self-forming fleet (started without an export, the normal way): the fleet plan
   (``discovery.plan_service``) and the part that carries it out on this PC (``agent.node.ring_former``):
   fetching, compiling and serving its stage, and pointing its chats at the plan's ring;
-- any further ``DaemonPart`` handed in (the idle policy plugs in here), each seeing the daemon's status
-  through ``status_sections``.
+- on a donor's PC (``config.donor``) of such a fleet, the donor watch (``agent.node.donor_watch``): it reads
+  whether the PC's owner is there and announces whether the PC may serve, and the plan follows;
+- any further ``DaemonPart`` handed in, each seeing the daemon's status through ``status_sections``.
 
 The command line only parses arguments and calls :func:`serve`; tests build a ``Daemon`` directly.
 """
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agent.errors import ConfigError
 from agent.fleet import NodeIdentity, read_certificate
 from agent.node.config import LOOPBACK, AgentConfig
+from agent.node.donor_watch import DonorWatch
 from agent.node.facts import HostFacts, matmul_gflops, measure_host
 from agent.node.ring_former import RingFormer
 from agent.node.running import RUNNING_FILE, write_running_record
@@ -56,6 +58,7 @@ from discovery.service import MembershipService, MembershipSettings
 from shards.manifest import Manifest
 
 if TYPE_CHECKING:
+    from agent.donor.policy import Readings
     from agent.head.chat import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -120,11 +123,13 @@ class Daemon:
         *,
         load_tokenizer: Callable[[Path], ChatTokenizer] | None = None,
         fleet: FleetParts | None = None,
+        donor_sense: Callable[[], Readings] | None = None,
     ) -> None:
         """``network``: how the agent reaches and accepts peers (``TlsNetwork.of(identity)``: see
         :meth:`build`); ``load_tokenizer``: reads the export's tokenizer (default: ``ChatTokenizer``);
         ``fleet``: the plan this agent follows (then its stages and ring come from the plan, and a
-        ``RingFormer`` joins the parts; their membership and plan must be among ``parts``)."""
+        ``RingFormer`` joins the parts; their membership and plan must be among ``parts``); ``donor_sense``: a
+        donor's readings of its PC (default: this PC's idle source, battery, load and memory)."""
         if manifest is not None:
             _check_ring_flags(config, manifest)
         self.config = config
@@ -149,7 +154,12 @@ class Daemon:
                 self._section("http", self.http.status)
         self.parts: list[DaemonPart] = list(parts)
         if fleet is not None:
-            self.parts.append(RingFormer(config, fleet.plan, fleet.membership, self.server, fleet.source, self.chats))
+            former = RingFormer(config, fleet.plan, fleet.membership, self.server, fleet.source, self.chats)
+            self.parts.append(former)
+            if config.donor is not None:
+                sense, source = (donor_sense, lambda: None) if donor_sense is not None else _donor_sensors()
+                watch = DonorWatch(config.donor, sense, fleet.membership, former.holds_stage, source=source)
+                self.parts.append(watch)
         for part in self.parts:
             self._section(part.name, part.status)
             for role, serve in part.roles.items():
@@ -327,6 +337,7 @@ def _membership(
         on_revoked=network.refuse,
         fleet=fleet_document_keeper(config.identity_dir, ca),
         measure_speed=measure_speed,
+        certificates=(identity.certificate(), ca),
     )
 
 
@@ -377,8 +388,45 @@ def _check_ring_flags(config: AgentConfig, manifest: Manifest) -> None:
         )
 
 
+def _run_in_background() -> None:
+    """A donor's agent gives way to its owner's programs: the process at the lowest priority, the threads that run
+    OpenVINO (this loop's executor's, and the plugin's workers they start) in SCHED_IDLE where there is one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agent.node.background import idle_thread, lower_priority
+
+    done = lower_priority()
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(thread_name_prefix="shoal-work", initializer=idle_thread)
+    )
+    log.info(
+        "a donor's agent: %s, inference threads in SCHED_IDLE where the system has it",
+        ", ".join(done) or "no priority change allowed",
+    )
+
+
+def _donor_sensors() -> tuple[Callable[[], Readings], Callable[[], str | None]]:
+    """This PC's donor readings, from the first idle source that works here (none: the policy's ``no_source``
+    setting decides, and the status says why none works)."""
+    import os
+
+    from agent.donor.idle import IdleSource, describe_problems, pick_source
+    from agent.donor.sensing import DonorSensors
+
+    tried: list[IdleSource] = []
+    source = pick_source(os.environ, tried=tried)
+    if source is None:
+        log.warning(
+            "no idle source works on this PC (%s): the donor setting no_source decides", describe_problems(tried)
+        )
+    sensors = DonorSensors(source, None if source is not None else describe_problems(tried))
+    return sensors.read, lambda: source.name if source is not None else None
+
+
 async def serve(config: AgentConfig, parts: Sequence[DaemonPart] = ()) -> int:
     """Build and start the daemon, then run until SIGINT/SIGTERM; returns the exit status."""
+    if config.donor is not None:
+        _run_in_background()
     daemon = await Daemon.build(config, parts)
     addresses = await daemon.start()
     stop = asyncio.Event()

@@ -46,6 +46,7 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "shards_dir": args.shards_dir,
         "offer_mb": args.offer_mb,
         "speed": args.speed,
+        "donor": args.donor,
     }
     # the identity (and the chat endpoint file) under the data dir unless a flag or the file names one
     config = load_agent_config(
@@ -53,10 +54,17 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         overrides,
         {"identity_dir": lambda: identity_dir(None, data_dir), "chat_file": lambda: data_dir / "chat.json"},
     )
-    if config.runtime.cache_dir is None:
-        from dataclasses import replace
+    from dataclasses import replace
 
+    if config.runtime.cache_dir is None:
         config = replace(config, runtime=replace(config.runtime, cache_dir=cache_dir / "ov-cache"))
+    if config.donor is not None and config.runtime.threads is None:
+        import os
+
+        from agent.node.background import donor_threads
+
+        # a donor keeps a core for its owner: inference on all but one
+        config = replace(config, runtime=replace(config.runtime, threads=donor_threads(os.cpu_count())))
     code = asyncio.run(serve(config))
     print("shoal agent: stopped", file=sys.stderr)
     return code

@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__.splitlines()[0])
     parser.add_argument("--cache-dir", type=Path, default=None, help="cache folder (default: platform cache)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+    parser.add_argument("--version", action=_Version, help="print shoal's version and exit")
+    parser.add_argument(
+        "--log-file",
+        type=Path,
+        default=None,
+        help="write the log to this file instead of stderr (and stdout too where there is no console: pythonw)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("export", help="export a checkpoint into per-stage OpenVINO shards")
@@ -149,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="where downloaded shards are cached (default: the shared Hugging Face cache)",
+    )
+    p.add_argument(
+        "--donor",
+        action="store_true",
+        default=None,
+        help="a donor's PC: serve only while its owner is away (no keyboard or mouse input), at the lowest "
+        "priority; settings in agent.toml's [donor] table",
     )
     p.add_argument(
         "--offer-mb",
@@ -341,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_commands(sub, fleet)
     add_publish_command(sub)
     add_chat_command(sub)
+    from agent.cli.service_cmd import add_service_command
+
+    add_service_command(sub)
     p = sub.add_parser("join", help="enroll this PC in a fleet with a join token (from `shoal fleet token`)")
     p.add_argument("address", metavar="TOKEN@HOST:PORT", help="the token and the enrollment server's address")
     p.add_argument("--name", default=None, help="this PC's node name (default: its host name)")
@@ -360,7 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(logging.DEBUG if args.verbose else logging.INFO if args.command == "agent" else logging.WARNING)
+    configure_logging(
+        logging.DEBUG if args.verbose else logging.INFO if args.command == "agent" else logging.WARNING, args.log_file
+    )
     cache_dir = args.cache_dir or default_cache_dir()
     return run_reporting_errors("shoal", lambda: _run_command(args, cache_dir))
 
@@ -417,6 +436,10 @@ def _run_command(args: argparse.Namespace, cache_dir: Path) -> int:
         from agent.cli.join_cmd import run_join
 
         return run_join(args, default_data_dir())
+    if args.command == "service":
+        from agent.cli.service_cmd import run_service
+
+        return run_service(args, default_data_dir())
     if args.command == "bench":
         from agent.measure.stages import run_bench_stages
 
@@ -424,9 +447,39 @@ def _run_command(args: argparse.Namespace, cache_dir: Path) -> int:
     return 2
 
 
-def configure_logging(level: int) -> None:
-    """One log line per event on stderr, the ML libraries kept quiet."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+class _Version(argparse.Action):
+    """``shoal --version``: the installed distribution's version, read only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=str(kwargs.get("help")))
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("shoal")
+        except importlib.metadata.PackageNotFoundError:
+            version = "0+unknown (not installed)"
+        print(f"shoal {version}")
+        parser.exit()
+
+
+LOG_ROTATE_BYTES = 10 * 1024 * 1024
+"""A log file (``--log-file``) larger than this at start is moved to ``FILE.1`` (the one before is dropped)."""
+
+
+def configure_logging(level: int, log_file: Path | None = None) -> None:
+    """One log line per event on stderr (or ``log_file``), the ML libraries kept quiet."""
+    stream = sys.stderr
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        if log_file.exists() and log_file.stat().st_size > LOG_ROTATE_BYTES:
+            log_file.replace(log_file.with_name(log_file.name + ".1"))
+        stream = open(log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (the process's log, open until exit)
+        # pythonw (the Windows service) has no stdout or stderr: prints and tracebacks go to the log as well
+        sys.stdout = sys.stdout or stream
+        sys.stderr = sys.stderr or stream
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=stream)
     quiet_libraries()
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.donor.policy import DonorSettings
 from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
@@ -90,6 +91,10 @@ class AgentConfig:
     offer_mb: int | None = None
     """MiB of memory this PC gives the fleet for a shard (None: what it measures free); 0 for a PC that only
     heads its user's chats and never serves a stage."""
+    donor: DonorSettings | None = None
+    """A donor's PC (``--donor``, or a ``[donor]`` table in agent.toml): it serves only while its owner is away
+    and allowed (``agent.donor.policy``), at the lowest priority (``agent.node.background``). None: a PC given
+    to the fleet, which serves whenever the agent runs."""
     speed: float | None = None
     """This PC's speed figure for the plan, in GFLOP/s (None: measured once running). An admin who knows a PC
     is busier than a benchmark shows gives it here; equal figures keep a fleet of alike PCs from moving a
@@ -231,6 +236,17 @@ def _device(name: str, value: Any) -> str:
     return device
 
 
+def _donor(name: str, value: Any) -> DonorSettings | None:
+    """``true`` (the defaults), a table of donor settings, or ``false``/absent (not a donor's PC)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return DonorSettings()
+    if isinstance(value, Mapping):
+        return DonorSettings.from_mapping(value)
+    raise ConfigError(f"agent setting {name!r} must be true, false or a table of donor settings, not {value!r}")
+
+
 _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "export_dir": _optional_path,
     "stages": _stages,
@@ -259,6 +275,7 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "shards_dir": _optional_path,
     "offer_mb": lambda name, value: None if value is None else _whole(0)(name, value),
     "speed": lambda name, value: None if value is None else _speed(name, value),
+    "donor": _donor,
 }
 """Every agent setting and how its value is read and checked (a message names the setting)."""
 _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
@@ -284,7 +301,7 @@ def load_agent_config(
     device, threads, precision, fast_prefill, prefill_attention, rewind, cache_dir, max_sessions, max_payload,
     wire_dtype, verify, chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
     heartbeat_interval, link_timeout, step_timeout, prefill_chunk, peers (list of ``HOST:PORT``), mdns,
-    lost_after, shards_dir, offer_mb, speed.
+    lost_after, shards_dir, offer_mb, speed, donor (true, or a table: ``agent.donor.policy.DonorSettings``).
     """
     values: dict[str, Any] = {}
     if path is not None:
@@ -292,6 +309,8 @@ def load_agent_config(
             values.update(tomllib.loads(path.read_text()))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from exc
+    if overrides.get("donor") is True and isinstance(values.get("donor"), Mapping):
+        overrides = {**overrides, "donor": None}  # --donor with a [donor] table: the table's settings
     values.update({k: v for k, v in overrides.items() if v is not None})
     for key, default in (defaults or {}).items():
         if key not in values:

@@ -314,6 +314,10 @@ class RingFormer:
         if self.membership.me.stages != stages:
             await self.membership.announce(stages=stages)
 
+    def holds_stage(self) -> bool:
+        """Whether this agent serves a stage or holds one compiled (standing by): a donor's drain waits for neither."""
+        return self._serving is not None or self._held is not None
+
     def status(self) -> dict[str, Any]:
         """The ``ring`` section of the agent's status: what this agent does for the plan."""
         held = self._held
