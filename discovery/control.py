@@ -23,6 +23,10 @@ An admin's tool (``shoal fleet revoke --push``, ``shoal fleet serve``, ``shoal p
 signed by the fleet CA, so the link
 needs no more trust than any member's.
 
+A clock probe is a link of the role ``clock``: an agent by whose clock a peer's certificate is not yet valid (or
+has expired) dials it again without checking the dates, each side sends one ``hello`` (its time), both judge
+the two clocks (``discovery.clocks``) and the link closes. It never carries anything else.
+
 Gossip is how one seed is enough on a network without multicast: every member tells its links whom it
 knows, and each dials those it has not verified itself. A gossiped peer is a claim like an mDNS one; only
 its own TLS handshake makes it a member.

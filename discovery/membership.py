@@ -10,7 +10,8 @@ States of a known peer::
         |                      +--Left (a goodbye)--> gone --Seen/Verified of a new process--> unverified/member
         +--(another fleet or protocol)--> foreign                 any --Revoked--> revoked (for good)
 
-- *unverified*: found (mDNS, gossip) but not yet proven by a mutual-TLS handshake: a claim only.
+- *unverified*: found (mDNS, gossip) but not yet proven by a mutual-TLS handshake: a claim only. When the
+  handshake cannot succeed until people act (a clock set days wrong: ``Unlinkable``), ``why`` says so.
 - *member*: its TLS control link is up and it was heard within ``lost_after``.
 - *lost*: unheard for ``lost_after``, or its link broke without a goodbye (a crash, a cut cable).
 - *gone*: it said goodbye (a clean stop).
@@ -188,7 +189,17 @@ class Revoked:
     at: float
 
 
-Event = Seen | Verified | Duplicate | Heartbeat | LinkBroken | Left | Tick | Revoked
+@dataclass(frozen=True)
+class Unlinkable:
+    """A peer that is not a member now cannot become one until people act, and why (its clock, or this PC's, is
+    set so wrong that a certificate is refused: ``discovery.clocks``). It stays what it is, with that reason."""
+
+    node: str
+    why: str
+    at: float
+
+
+Event = Seen | Verified | Duplicate | Heartbeat | LinkBroken | Left | Tick | Revoked | Unlinkable
 
 
 # -- state ----------------------------------------------------------------------------------------
@@ -241,6 +252,10 @@ def apply(event: Event, state: Membership) -> Membership:
     member = state.members.get(event.node)
     if member is None or member.state in (MemberState.REVOKED, MemberState.FOREIGN):
         return state
+    if isinstance(event, Unlinkable):
+        if member.state not in (MemberState.UNVERIFIED, MemberState.LOST) or member.why == event.why:
+            return state  # a member's link is up (its certificates were checked when it came up)
+        return _put(state, replace(member, why=event.why))
     if isinstance(event, LinkBroken | Left) and event.instance != member.announcement.instance:
         return state  # another process with this node id (a copy that lost the duplicate check) speaks not for it
     if isinstance(event, Heartbeat):

@@ -71,6 +71,11 @@ ME = "me"
 """The :attr:`Candidate.state` of the agent that plans (``membership.me``)."""
 ASSIGNABLE = frozenset({"member", ME})
 """Candidate states that can be given a stage: a verified member whose control link is up, or this agent."""
+AWAITED = frozenset({"unverified", "lost", "gone"})
+"""Candidate states of a peer that may serve once it links (again): an uncovered stage's reason names those that
+could hold it, and why they do not serve (a clock set days wrong, unheard for 12 s)."""
+NAMED_AT_MOST = 3
+"""Peers an uncovered stage's reason names at the most."""
 REVOKED = "revoked"
 """The state of a member whose certificate the fleet revoked: it never serves again, so a required pin on it is
 void (a lost or gone member may come back, and its required pin waits for it)."""
@@ -129,6 +134,8 @@ class Candidate:
     """``me``, or its membership state (``member``, ``lost``, ``gone``, ``revoked``, ...): see :data:`ASSIGNABLE`."""
     donor: str = "serving"
     """What its owner allows now (``discovery.announcement.DONOR_STATES``): only ``serving`` takes work."""
+    why: str = ""
+    """Why it is in its state, for people (``discovery.membership.Member.why``: a clock set days wrong, ...)."""
 
     @property
     def assignable(self) -> bool:
@@ -175,7 +182,8 @@ def candidates(membership: Membership) -> tuple[Candidate, ...]:
 
 def _candidate(member: Member) -> Candidate:
     a = member.announcement
-    return Candidate(a.node, a.name, a.memory_mb, a.speed, a.devices, _held(a.stages), member.state.value, a.donor)
+    state = member.state.value
+    return Candidate(a.node, a.name, a.memory_mb, a.speed, a.devices, _held(a.stages), state, a.donor, member.why)
 
 
 def _held(stages: Iterable[HeldStage]) -> frozenset[int]:
@@ -660,13 +668,7 @@ class _Planner:
         free: list[int],
     ) -> str:
         if i is None:
-            need = self.needs[s].memory_mb
-            if any(self.mem[j] >= need for j in free):
-                return "every member that can hold it serves another stage"
-            largest = max((self.mem[j] for j in free), default=None)
-            if largest is None:
-                return "no member is free to serve it"
-            return f"no member can hold it: it needs {need} MiB, the largest free member offers {largest} MiB"
+            return self._uncovered(s, free)
         if s in fixed:
             return f"pinned to {self.name(i)} ({'required' if s in self.pinned_required else 'preferred'})"
         was = self.was.get(s)
@@ -682,6 +684,27 @@ class _Planner:
         if was is None:
             return how
         return f"{how} ({self._why_moved(s, i, was, taken, users, limit)})"
+
+    def _uncovered(self, s: int, free: list[int]) -> str:
+        """Why stage ``s`` has no node: first the peers that could hold it but do not link, by name and why (what
+        people can act on: a clock set days wrong), then what the members do."""
+        need = self.needs[s].memory_mb
+        awaited = [j for j, c in enumerate(self.cands) if c.state in AWAITED and self.fits(s, j)]
+        named = [
+            f"{self.name(j)} could hold it but is {self.cands[j].state}"
+            + (f" ({self.cands[j].why})" if self.cands[j].why else "")
+            for j in awaited[:NAMED_AT_MOST]
+        ]
+        if len(awaited) > NAMED_AT_MOST:
+            named.append(f"{len(awaited) - NAMED_AT_MOST} more peers could hold it but do not serve")
+        if any(self.mem[j] >= need for j in free):
+            members = "every member that can hold it serves another stage"
+        elif not free:
+            members = "no member is free to serve it"
+        else:
+            largest = max(self.mem[j] for j in free)
+            members = f"no member can hold it: it needs {need} MiB, the largest free member offers {largest} MiB"
+        return "; ".join([*named, members])
 
     def _why_moved(self, s: int, i: int, was: str, taken: dict[int, int], users: dict[int, int], limit: float) -> str:
         p = self.index.get(was)

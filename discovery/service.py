@@ -12,7 +12,11 @@ It turns what happens on the network into ``discovery.membership`` events and ap
   newest of each, and hands the plan messages of its links to the fleet plan (``discovery.plan_service``);
 - notices a second agent running with this agent's own identity: the two decide which keeps it
   (``discovery.membership.outranks``: the one a member accepted first), and the other stops without a word
-  for the node; a member that holds a link to one of the two refuses the other and tells it where the first is.
+  for the node; a member that holds a link to one of the two refuses the other and tells it where the first is;
+- when a peer's certificate fails on its dates by this PC's clock, probes the peer's clock: dials it again
+  without checking the dates (role ``clock``), the two tell each other the time and close, and both record
+  whose clock is wrong by how much (``discovery.clocks``): the peer stays unverified with that sentence as its
+  ``why``, which the log (once, then at debug), ``shoal status``, the TUI and the plan's reasons show.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any, cast
 
 from cryptography import x509
 
-from agent.errors import FleetError, PeerUnavailableError, RemoteProtocolError
+from agent.errors import CertificateDatesError, FleetError, PeerUnavailableError, RemoteProtocolError
 from agent.fleet.authority import cert_fingerprint, common_name, node_id_of
 from agent.fleet.revocation import RevocationList
 from agent.transport.connection import FrameConnection, expect
@@ -39,6 +43,7 @@ from agent.wire import Frame, FrameType
 from agent.wire.messages import Hello as WireHello
 from discovery import control
 from discovery.announcement import Announcement
+from discovery.clocks import Validity, clock_problem
 from discovery.kept import FleetDocumentKeeper, Kept, RevocationKeeper
 from discovery.membership import (
     LOST_AFTER,
@@ -55,6 +60,7 @@ from discovery.membership import (
     Seniority,
     Source,
     Tick,
+    Unlinkable,
     Verified,
     apply,
     changes,
@@ -101,6 +107,15 @@ class _Link:
     """Whether the peer accepted this agent on it (it sent anything but a refusal)."""
 
 
+@dataclass(frozen=True)
+class _Clock:
+    """What the clock probe learnt of a peer: its wall clock minus ours (seconds), and why the two cannot link
+    (None: they can)."""
+
+    skew: float
+    problem: str | None
+
+
 _SAME_IDENTITY = "same identity"
 """What :meth:`MembershipService._refusal` says of another process with this agent's own node id."""
 
@@ -131,6 +146,7 @@ class MembershipService:
         on_revoked: Callable[[frozenset[str]], None] | None = None,
         fleet: FleetDocumentKeeper | None = None,
         measure_speed: Callable[[], float] | None = None,
+        certificates: tuple[x509.Certificate, x509.Certificate] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -139,7 +155,9 @@ class MembershipService:
         ``revocations``: the fleet's revocation list as this agent keeps it; ``on_revoked(fingerprints)``: told
         every revoked certificate whenever the list grows (the network then refuses them, ring links too);
         ``fleet``: the fleet document as this agent keeps it;
-        ``measure_speed``: this PC's speed figure, measured off the event loop once running, then announced."""
+        ``measure_speed``: this PC's speed figure, measured off the event loop once running, then announced;
+        ``certificates``: this agent's certificate and the fleet CA's, whose dates the clock probe compares with a
+        peer's clock (None: no probe); ``wall``: this PC's clock, as its TLS checks certificates by it."""
         self.state = Membership(me, settings.lost_after)
         self.settings = settings
         self._network = network
@@ -178,6 +196,11 @@ class MembershipService:
         self.on_plan: Callable[[str, dict[str, Any]], None] | None = None
         """Told ``(sender node, plan message)`` for every plan a linked member sends (``discovery.plan_service``)."""
         self._measure_speed = measure_speed
+        self._certificates = certificates
+        self._clocks: dict[str, _Clock] = {}
+        """What the clock probe learnt of each peer not linked since (the links' own skews are on the links)."""
+        self._clock_told: set[str] = set()
+        """Peers whose clock problem was logged at warning (later ones go to debug)."""
 
     @property
     def me(self) -> Announcement:
@@ -187,7 +210,7 @@ class MembershipService:
     def roles(self) -> dict[str, Callable[[FrameConnection, WireHello], Awaitable[None]]]:
         """The agent's port hands this service the connections whose HELLO names the role ``member`` (control
         links) or ``admin`` (an admin's push)."""
-        return {"member": self.accept, "admin": self.accept_admin}
+        return {"member": self.accept, "admin": self.accept_admin, "clock": self.accept_clock}
 
     # -- life cycle ----------------------------------------------------------------------------
     async def start(self, ring: tuple[str, int]) -> None:
@@ -426,6 +449,8 @@ class MembershipService:
             log.debug("node=%s cannot reach member %s:%d: %s", self.me.node, *address, exc)
             if connection is not None:
                 connection.abort()
+            if isinstance(exc, CertificateDatesError) and self._certificates is not None:
+                self._tasks.spawn(self._probe_clock(address, via))
             return
         self._dialling.discard(address)
         self._retry.pop(address, None)
@@ -439,6 +464,7 @@ class MembershipService:
             await connection.close(goodbye=True)
             return
         self._out[link.node] = link
+        self._clocks.pop(link.node, None)
         self._feed(Verified(self._announced[link.node], link.host, via, self._clock()))
         await self._send_quietly(link.connection, control.to_frame(self._gossip()))
         self._tasks.spawn(self._run_link(link))
@@ -463,9 +489,82 @@ class MembershipService:
             connection.abort()
             return
         self._in.setdefault(link.node, []).append(link)
+        self._clocks.pop(link.node, None)
         self._feed(Verified(self._announced[link.node], link.host, Source.INBOUND, self._clock()))
         await self._send_quietly(link.connection, control.to_frame(self._gossip()))
         await self._run_link(link)
+
+    # -- clocks --------------------------------------------------------------------------------
+    async def _probe_clock(self, address: tuple[str, int], via: Source) -> None:
+        """The peer at ``address`` failed this agent's TLS check on its certificate's dates: dial it once more
+        without checking them, tell each other the time, and judge (both ends do); the probe link is closed then,
+        whatever it found: it never carries anything else."""
+        where = f"{address[0]}:{address[1]}"
+        try:
+            connection = await self._network.dial(
+                address, label=f"clock probe {where}", timeout=DIAL_TIMEOUT, check_dates=False
+            )
+        except PeerUnavailableError as exc:
+            log.debug("node=%s cannot probe the clock of %s: %s", self.me.node, where, exc)
+            return
+        try:
+            await connection.send(WireHello(node=self.me.name, role="clock").to_frame())
+            await expect(connection, FrameType.HELLO, HANDSHAKE_TIMEOUT)
+            await connection.send(control.to_frame(self._hello()))
+            if await self._judge_clock(connection, address[0], via):
+                self._retry[address] = (self._clock() + RETRY_MAX, RETRY_MAX)  # people must act: no hurry
+        except (PeerUnavailableError, RemoteProtocolError) as exc:
+            log.debug("node=%s clock probe of %s failed: %s", self.me.node, where, exc)
+        finally:
+            await connection.close(goodbye=True)
+
+    async def accept_clock(self, connection: FrameConnection, hello: WireHello) -> None:
+        """Answer a peer's clock probe (a peer by whose clock this agent's certificate failed on its dates): tell
+        it the time, read its own, judge, and close."""
+        try:
+            await connection.send(WireHello(node=self.me.name, role="clock").to_frame())
+            await connection.send(control.to_frame(self._hello()))
+            await self._judge_clock(connection, connection.peer.rpartition(":")[0], Source.INBOUND)
+        except (PeerUnavailableError, RemoteProtocolError) as exc:
+            log.debug("node=%s clock probe from %s failed: %s", self.me.node, connection.label, exc)
+        finally:
+            await connection.close(goodbye=True)
+
+    async def _judge_clock(self, connection: FrameConnection, host: str, via: Source) -> bool:
+        """Read the peer's control hello on a clock probe and record what its time and certificate mean
+        (:func:`discovery.clocks.clock_problem`); returns whether the two cannot link."""
+        message = control.from_frame(await expect(connection, FrameType.MEMBERS, HANDSHAKE_TIMEOUT))
+        if not isinstance(message, control.Hello):
+            raise RemoteProtocolError(f"{connection.label} sent {type(message).__name__} for its clock")
+        peer, der = message.announcement, connection.peer_certificate
+        if der is None or self._certificates is None:
+            return False
+        cert = x509.load_der_x509_certificate(der)
+        if peer.node != node_id_of(cert) or peer.fingerprint != cert_fingerprint(cert):
+            raise RemoteProtocolError(f"announces node {peer.node}, but its certificate is node {node_id_of(cert)}")
+        if peer.node == self.me.node or peer.node in self.state.revoked:
+            return False
+        mine, ca = self._certificates
+        now = self._wall()
+        problem = clock_problem(
+            self.me.name, peer.name, now, message.time, Validity.of(mine, ca), Validity.of(cert, ca)
+        )
+        self._clocks[peer.node] = _Clock(message.time - now, problem)
+        if problem is None:
+            return False
+        told = peer.node in self._clock_told
+        self._clock_told.add(peer.node)
+        log.log(
+            logging.DEBUG if told else logging.WARNING,
+            "node=%s cannot link with %s (%s): %s",
+            self.me.node,
+            peer.node,
+            peer.name,
+            problem,
+        )
+        self._feed(Seen(peer, host, via, self._clock()))
+        self._feed(Unlinkable(peer.node, problem, self._clock()))
+        return True
 
     async def accept_admin(self, connection: FrameConnection, hello: WireHello) -> None:
         """Serve an admin's push (a signed revocation list) until it says goodbye."""
@@ -701,7 +800,9 @@ class MembershipService:
     def status(self) -> dict[str, Any]:
         """The ``members`` section of the agent's status."""
         now = self._clock()
-        skews = {link.node: link.skew for link in self._links()}
+        skews = {node: clock.skew for node, clock in self._clocks.items()}
+        skews.update({link.node: link.skew for link in self._links()})
+        problems = {node: clock.problem for node, clock in self._clocks.items() if clock.problem}
         return {
             "node": self.me.node,
             "name": self.me.name,
@@ -710,7 +811,9 @@ class MembershipService:
             "seeds": [f"{h}:{p}" for h, p in self.settings.seeds],
             "mdns": self._mdns.status() if self._mdns is not None else None,
             "refused": self.refused,
-            "members": [_member_status(m, now, skews.get(m.node)) for m in self.state.members.values()],
+            "members": [
+                _member_status(m, now, skews.get(m.node), problems.get(m.node)) for m in self.state.members.values()
+            ],
         }
 
 
@@ -727,7 +830,7 @@ def _duplicate_refusal(peer: Announcement, keep: bool) -> str:
     )
 
 
-def _member_status(member: Member, now: float, skew: float | None) -> dict[str, Any]:
+def _member_status(member: Member, now: float, skew: float | None, clock: str | None) -> dict[str, Any]:
     a = member.announcement
     return {
         "node": member.node,
@@ -738,6 +841,7 @@ def _member_status(member: Member, now: float, skew: float | None) -> dict[str, 
         "found": sorted(str(s) for s in member.found),
         "why": member.why,
         "clock_skew": None if skew is None else round(skew, 3),
+        "clock": clock if member.state is not MemberState.MEMBER else None,
         "announces": {
             "version": a.version,
             "protocol": a.protocol,

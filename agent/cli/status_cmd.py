@@ -104,6 +104,10 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
         counts = Counter(str(m.get("state")) for m in members.get("members", []))
         seen = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none yet"
         lines.append(f"  fleet {members.get('fleet')}: other members: {seen}")
+        for member in members.get("members", []):
+            # a peer that cannot link says why (a clock set days wrong: the sentence its own PC shows too)
+            if member.get("state") in ("unverified", "lost") and member.get("why"):
+                lines.append(f"  {member.get('name')} is {member.get('state')}: {member['why']}")
     ring = status.get("ring")
     if isinstance(ring, dict):
         lines.append(f"  {ring.get('activity')}" + (f" (error: {ring['error']})" if ring.get("error") else ""))

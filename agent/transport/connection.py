@@ -7,8 +7,8 @@ import contextlib
 import logging
 import ssl
 
-from agent.errors import PeerRefusedError, PeerUnavailableError, RemoteProtocolError
-from agent.transport.tls import peer_name
+from agent.errors import CertificateDatesError, PeerRefusedError, PeerUnavailableError, RemoteProtocolError
+from agent.transport.tls import date_failure, peer_name
 from agent.wire import Frame, FrameDecoder, FrameType, encode_frame
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 
@@ -137,6 +137,12 @@ async def dial(
                 host, port, ssl=context, server_hostname=host, limit=READ_CHUNK
             )
     except ssl.SSLError as exc:  # before OSError, of which it is a subclass
+        dates = date_failure(exc)
+        if dates is not None:
+            raise CertificateDatesError(
+                f"refused {where}: its certificate {dates} by this PC's clock (a clock set wrong, or a certificate "
+                "to renew)"
+            ) from exc
         raise PeerRefusedError(f"refused {where}: TLS handshake failed: {exc}") from exc
     except (ConnectionError, OSError, TimeoutError) as exc:
         reason = f"no answer within {timeout:.0f} s" if isinstance(exc, TimeoutError) else _reason(exc)

@@ -28,18 +28,40 @@ def server_context(identity: NodeIdentity) -> ssl.SSLContext:
     return ctx
 
 
-def client_context(identity: NodeIdentity) -> ssl.SSLContext:
+def client_context(identity: NodeIdentity, check_dates: bool = True) -> ssl.SSLContext:
     """Context for dialling a ring peer: presents our certificate and requires the peer's.
 
     ``check_hostname`` is off on purpose: peers are dialled by address (found through discovery),
     and membership of the fleet is proven by the CA's signature, not by a name or address in the
     certificate. Any certificate the fleet CA signed belongs to a fleet member. The IP SANs the CA
     issues are there for a later, stricter check (pinning a peer to its address).
+
+    ``check_dates`` False accepts a peer certificate that this PC's clock finds not yet valid or
+    expired (the CA's signature is still required): only for the clock probe
+    (``discovery.service``), which reads the peer's time and closes, never for a link that carries
+    anything else.
     """
     ctx = _base_context(ssl.PROTOCOL_TLS_CLIENT, identity)
     ctx.check_hostname = False  # see the docstring: membership comes from the CA signature
     ctx.verify_mode = ssl.CERT_REQUIRED
+    if not check_dates:
+        ctx.verify_flags |= _X509_V_FLAG_NO_CHECK_TIME
     return ctx
+
+
+_X509_V_FLAG_NO_CHECK_TIME = 0x200000
+"""OpenSSL's flag to skip the validity dates in a certificate check (the ssl module names no constant for it)."""
+_DATE_ERRORS = {9: "is not yet valid", 10: "has expired"}
+"""OpenSSL's verify codes X509_V_ERR_CERT_NOT_YET_VALID and X509_V_ERR_CERT_HAS_EXPIRED: a check that failed on
+the dates alone, so on one of the two PCs' clocks (or a certificate due for renewal)."""
+
+
+def date_failure(exc: BaseException) -> str | None:
+    """What a failed handshake says of the peer's certificate if it failed on its dates alone (``is not yet
+    valid``, ``has expired``: by this PC's clock), else None."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return _DATE_ERRORS.get(exc.verify_code)
+    return None
 
 
 def peer_name(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:

@@ -13,7 +13,7 @@ from agent.wire.frames import Frame, FrameType
 
 M = TypeVar("M", bound="Message")
 
-ROLES = ("head", "stage", "status", "member", "admin")
+ROLES = ("head", "stage", "status", "member", "admin", "clock")
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,8 @@ class Hello(Message):
     node: str
     role: str
     """``head`` (drives sessions, receives results), ``stage`` (the previous stage), ``status``, ``member`` (a
-    fleet member's control link: ``discovery.control``)."""
+    fleet member's control link: ``discovery.control``), ``admin`` (an admin's push), ``clock`` (a clock probe:
+    two hellos, then goodbye)."""
     export_id: str = ""
     """Fingerprint of the export the speaker serves or drives; a ring only joins equal ones."""
     layer_start: int = 0

@@ -227,8 +227,15 @@ class MemoryHost:
         return await self.network._listen(self.name, address[1], accept, max_payload)
 
     async def dial(
-        self, address: tuple[str, int], *, label: str = "", max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: float = 5.0
+        self,
+        address: tuple[str, int],
+        *,
+        label: str = "",
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        timeout: float = 5.0,
+        check_dates: bool = True,
     ) -> FrameConnection:
+        """Connect to a listener of another host (no certificates here: ``check_dates`` changes nothing)."""
         return await self.network._dial(self.name, address, label, max_payload)
 
     def freeze(self) -> None:

@@ -27,6 +27,7 @@ from discovery.membership import (
     Seniority,
     Source,
     Tick,
+    Unlinkable,
     Verified,
     apply,
     changes,
@@ -102,6 +103,21 @@ def test_a_broken_link_loses_a_member_at_once_and_a_goodbye_makes_it_gone() -> N
     state = run(Verified(announce(1), "h", Source.SEED, 0.0), Left(node, 1.0, announce(1).instance))
     assert state_of(state, 1) is MemberState.GONE
     assert apply(Tick(100.0), state) is state  # gone is not lost later
+
+
+def test_a_peer_that_cannot_link_until_people_act_says_why_until_its_link_comes_up() -> None:
+    node, clock = announce(1).node, "pc1's clock is 2 days behind this PC's (pc0): ...; set pc1's clock (NTP)"
+    state = run(Seen(announce(1), "h", Source.MDNS, 0.0), Unlinkable(node, clock, 1.0))
+    assert state_of(state, 1) is MemberState.UNVERIFIED and state.members[node].why == clock
+    assert apply(Unlinkable(node, clock, 2.0), state) is state
+    later = apply(Seen(replace(announce(1), sequence=3), "h", Source.MDNS, 3.0), state)
+    assert later.members[node].why == clock  # a newer claim is no news about its clock
+    linked = apply(Verified(announce(1), "h", Source.MDNS, 4.0), state)  # its clock was set right
+    assert state_of(linked, 1) is MemberState.MEMBER and linked.members[node].why == ""
+    assert apply(Unlinkable(node, clock, 5.0), linked) is linked  # a member's link is up: nothing to say
+    lost = run(Verified(announce(1), "h", Source.SEED, 0.0), LinkBroken(node, 1.0, "reset", announce(1).instance))
+    assert apply(Unlinkable(node, clock, 2.0), lost).members[node].why == clock
+    assert apply(Unlinkable(announce(2).node, clock, 2.0), lost) is lost  # an unknown peer: nothing to say of it
 
 
 def test_a_peer_that_said_goodbye_and_is_announced_by_a_new_process_is_checked_again() -> None:
@@ -262,6 +278,7 @@ events = st.one_of(
     ),
     st.builds(lambda n, t: Left(announce(n).node, t, announce(n).instance), st.integers(1, 5), st.floats(0, 100)),
     st.builds(Tick, st.floats(0, 100)),
+    st.builds(lambda n, t: Unlinkable(announce(n).node, "a clock", t), st.integers(1, 5), st.floats(0, 100)),
 )
 
 

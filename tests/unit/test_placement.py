@@ -163,6 +163,23 @@ def test_a_stage_nobody_can_hold_is_uncovered_with_why() -> None:
     assert plan(None, needs(1.0), []).assignments[0].reason == "no member is free to serve it"
 
 
+def test_an_uncovered_stage_names_the_peers_that_could_hold_it_and_why_they_do_not_serve() -> None:
+    # issue 41 §4: pc3's clock is 2 days behind, so it never links: the reason says so, not only that the members
+    # are busy (it said only "every member that can hold it serves another stage")
+    clock = "pc3's clock is 2 days behind this PC's (pc1): pc1's certificate is not yet valid by it; set pc3's clock"
+    members = [cand(1), cand(2), replace(cand(3, state="unverified"), why=clock), cand(4, state="lost", memory=10)]
+    p = plan(None, needs(1.0, 1.0, 1.0), members)
+    assert p.uncovered == (2,)
+    assert p.assignments[2].reason == (
+        f"pc3 could hold it but is unverified ({clock}); every member that can hold it serves another stage"
+    )  # pc4 is lost, but could not hold it anyway
+    many = [cand(1), *(cand(n, state="gone") for n in range(2, 7))]
+    assert plan(None, needs(1.0, 1.0), many).assignments[1].reason == (
+        "pc2 could hold it but is gone; pc3 could hold it but is gone; pc4 could hold it but is gone; 2 more peers "
+        "could hold it but do not serve; every member that can hold it serves another stage"
+    )
+
+
 # -- pins ----------------------------------------------------------------------------------------------
 def test_a_required_pin_is_honoured_and_moves_the_stage() -> None:
     members = [cand(1, speed=20), cand(2, speed=10), cand(3, speed=5)]
@@ -556,12 +573,13 @@ def test_candidates_from_membership_include_this_agent() -> None:
     gone = announce(4)
     members = {
         peer.node: Member(peer, MemberState.MEMBER, "10.0.0.3", frozenset({Source.MDNS}), 1.0),
-        gone.node: Member(gone, MemberState.LOST, "10.0.0.4", frozenset({Source.MDNS}), 1.0),
+        gone.node: Member(gone, MemberState.LOST, "10.0.0.4", frozenset({Source.MDNS}), 1.0, "unheard for 12 s"),
     }
     got = candidates(Membership(me, members=MappingProxyType(members)))
     assert [c.node for c in got] == [node(3), node(4), node(5)]
     assert got[2] == Candidate(node(5), "pc5", 4000, 12.5, ("CPU", "GPU"), frozenset({2}), ME)
     assert got[0].held == {0} and got[0].state == "member" and got[1].state == "lost"
+    assert got[1].why == "unheard for 12 s"  # what an uncovered stage's reason says of it
     assert [c.assignable for c in got] == [True, False, True]
 
 
