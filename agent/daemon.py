@@ -191,10 +191,12 @@ class Daemon:
         parts: Sequence[DaemonPart] = (),
         *,
         measure_speed: Callable[[], float] = matmul_gflops,
+        donor_sense: Callable[[], Readings] | None = None,
     ) -> Daemon:
         """Load the identity and manifest, check and compile this agent's stages (off the event loop), and
         assemble its fleet membership. ``measure_speed``: this PC's speed figure, measured once running (tests
-        of many agents on one PC give a fixed one: measured there, the figures are their contention's)."""
+        of many agents on one PC give a fixed one: measured there, the figures are their contention's);
+        ``donor_sense``: a donor's readings of its PC (tests give a PC whose owner they move)."""
         loop = asyncio.get_running_loop()
         identity = await loop.run_in_executor(None, NodeIdentity.load, config.identity_dir)
         # an address in use is said now, not after a minute of compiling stages to serve on it
@@ -217,7 +219,9 @@ class Daemon:
 
             fleet = FleetParts(membership, FleetPlanService(membership, load_manifest), source)
             own.append(fleet.plan)
-        daemon = cls(config, identity.name, manifest, stages, network, [*own, *parts], fleet=fleet)
+        daemon = cls(
+            config, identity.name, manifest, stages, network, [*own, *parts], fleet=fleet, donor_sense=donor_sense
+        )
         membership.on_duplicate = daemon.fail
         return daemon
 
