@@ -12,6 +12,7 @@ time again, it stands by again. The pause the user saw is printed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -156,7 +157,7 @@ def test_a_donor_whose_user_returns_mid_answer_hands_its_stage_over_and_the_answ
                     raise AssertionError(f"the answer failed: {event}")
             assert touched > 0, "the answer ended before the owner came back"
             assert ids == reference, "the answer changed when its stage moved"
-            gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+            gaps = [b - a for a, b in itertools.pairwise(arrivals)]
             print(f"stage {stage.stage} left {holder}; the longest pause between two tokens: {max(gaps):.2f} s")
 
             donor = donors[holder]
