@@ -215,9 +215,10 @@ def test_held_turns_on_and_off_after_its_own_delays() -> None:
     ],
 )
 def test_settings_are_checked_where_read(table: dict[str, object], message: str) -> None:
-    with pytest.raises(ConfigError, match="^[^\n]*$") as caught:
+    with pytest.raises(ConfigError) as caught:
         DonorSettings.from_mapping(table)
     assert message in str(caught.value)
+    assert "\n" not in str(caught.value)  # one line
 
 
 def test_settings_from_the_donor_table() -> None:
