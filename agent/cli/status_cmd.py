@@ -84,6 +84,13 @@ _EXACTNESS = {
 """What a stage's ``exact_speculation`` means for its answers (``agent.runtime.repeatable``)."""
 
 
+_DONOR_STATES = {
+    "draining": "its user is back, it hands its stage over",
+    "away": "its user is here",
+    "off": "not allowed to serve now",
+}
+
+
 def status_lines(address: str, status: dict[str, Any]) -> list[str]:
     """An agent's status document for people: what it serves, its members, its download and the plan."""
     stages = status.get("stages") or []
@@ -108,6 +115,15 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
             # a peer that cannot link says why (a clock set days wrong: the sentence its own PC shows too)
             if member.get("state") in ("unverified", "lost") and member.get("why"):
                 lines.append(f"  {member.get('name')} is {member.get('state')}: {member['why']}")
+            donor = (member.get("announces") or {}).get("donor")
+            if donor not in (None, "serving"):
+                lines.append(f"  {member.get('name')} is {donor} (its owner's PC: {_DONOR_STATES.get(donor, donor)})")
+    donor = status.get("donor")
+    if isinstance(donor, dict) and donor.get("state"):
+        source = donor.get("idle_source") or f"no idle source ({donor.get('idle_problem')})"
+        lines.append(
+            f"  donor: {donor['state']} for {donor.get('for_seconds')} s: {donor.get('reason')} (idle source: {source})"
+        )
     ring = status.get("ring")
     if isinstance(ring, dict):
         lines.append(f"  {ring.get('activity')}" + (f" (error: {ring['error']})" if ring.get("error") else ""))

@@ -92,3 +92,21 @@ def test_the_status_says_whether_a_stage_and_the_chats_were_exact() -> None:
     status["chat"]["inexact"] = 0
     text = "\n".join(status_lines("10.0.0.2:7000", status))
     assert "next stage connected, exact" in text and "2 answered, 1 running" in text
+
+
+def test_the_status_says_what_a_donor_does_and_why_and_which_members_stepped_aside() -> None:
+    status = agent_status()
+    status["members"]["members"].append({"name": "pc4", "state": "member", "announces": {"donor": "away"}})
+    status["members"]["members"].append({"name": "pc5", "state": "member", "announces": {"donor": "serving"}})
+    status["donor"] = {
+        "state": "draining",
+        "reason": "keyboard or mouse used 2 s ago",
+        "for_seconds": 1.5,
+        "idle_source": "x11",
+        "idle_problem": None,
+    }
+    text = "\n".join(status_lines("10.0.0.2:7000", status))
+    assert "  pc4 is away (its owner's PC: its user is here)" in text and "pc5 is" not in text
+    assert "  donor: draining for 1.5 s: keyboard or mouse used 2 s ago (idle source: x11)" in text
+    status["donor"].update(state="off", reason="no idle source works here", idle_source=None, idle_problem="no DISPLAY")
+    assert "(idle source: no idle source (no DISPLAY))" in "\n".join(status_lines("10.0.0.2:7000", status))
