@@ -41,8 +41,9 @@ class KeptConversation:
 
 
 def _same_sampling(a: SamplingParams, b: SamplingParams) -> bool:
-    """The stages sample with the parameters a session was opened with; the seed is the head's alone."""
-    return (a.temperature, a.top_k, a.top_p) == (b.temperature, b.top_k, b.top_p)
+    """The stages sample (and read out log-probabilities) with the parameters a session was opened with; the seed
+    is the head's alone."""
+    return a.on_stages() == b.on_stages()
 
 
 class KeptConversations:

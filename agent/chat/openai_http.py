@@ -20,14 +20,14 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import h11
 
 from agent.chat.openai_request import parse_openai
-from agent.chat.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent
+from agent.chat.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent, TokenLogprob
 from agent.chat.watch import ClientWatch
 from agent.errors import HTTPError
 from agent.transport.listen import listen_tcp
@@ -178,7 +178,11 @@ class OpenAIEndpoint:
                 "model",
             )
         reply = _Reply(
-            f"{'cmpl' if completion else 'chatcmpl'}-{secrets.token_hex(12)}", int(time.time()), model, completion
+            f"{'cmpl' if completion else 'chatcmpl'}-{secrets.token_hex(12)}",
+            int(time.time()),
+            model,
+            completion,
+            asked.chat.logprobs is not None,
         )
         events = self.service.answer(asked.chat)
         async with contextlib.aclosing(events):
@@ -201,14 +205,17 @@ class OpenAIEndpoint:
         reply: _Reply,
     ) -> None:
         text: list[str] = []
+        scored: list[TokenLogprob] = []
         async for event in events:
             if event.event == "token":
                 text.append(event.text)
+                if event.logprobs is not None:
+                    scored.append(event.logprobs)
             elif event.event == "error":
                 raise _AnswerError(event.code, event.text)
             elif event.event == "done":
                 text.append(event.text)
-                body = reply.body("".join(text), str(event.stats["finish_reason"]))
+                body = reply.body("".join(text), str(event.stats["finish_reason"]), scored)
                 await _send_json(connection, writer, 200, {**body, "usage": _usage(event.stats), **_exact(event.stats)})
 
     async def _stream(
@@ -232,8 +239,9 @@ class OpenAIEndpoint:
                     await _send_event(connection, writer, reply.chunk({"role": "assistant", "content": ""}))
                 started = True
             if event.event == "token":
-                if event.text:
-                    await _send_event(connection, writer, reply.chunk({"content": event.text}))
+                scored = [event.logprobs] if event.logprobs is not None else []
+                if event.text or scored:  # a token held back (part of a character, a stop sequence?) still scores
+                    await _send_event(connection, writer, reply.chunk({"content": event.text}, scored=scored))
             elif event.event == "error":
                 await _send_event(connection, writer, _error_body(event.code, event.text))
                 break
@@ -257,23 +265,58 @@ class _Reply:
     created: int
     model: str
     completion: bool
+    logprobs: bool = False
+    """The client asked for log-probabilities: every choice carries them (else ``"logprobs": null``)."""
+    _text_offset: list[int] = field(default_factory=lambda: [0], compare=False)
+    """Where a completion's next token starts in its text (OpenAI's ``text_offset``), across chunks."""
 
-    def body(self, text: str, finish: str) -> dict[str, Any]:
+    def body(self, text: str, finish: str, scored: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
         if self.completion:
-            choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {"index": 0, "text": text}
         else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        choice.update(logprobs=self._logprobs(scored), finish_reason=finish)
         kind = "text_completion" if self.completion else "chat.completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
 
-    def chunk(self, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+    def chunk(
+        self, delta: dict[str, str], finish: str | None = None, scored: Sequence[TokenLogprob] = ()
+    ) -> dict[str, Any]:
         if self.completion:
-            choice: dict[str, Any] = {"index": 0, "text": delta.get("content", ""), "logprobs": None}
+            choice: dict[str, Any] = {"index": 0, "text": delta.get("content", "")}
         else:
             choice = {"index": 0, "delta": delta}
+        choice["logprobs"] = self._logprobs(scored) if scored else None
         choice["finish_reason"] = finish
         kind = "text_completion" if self.completion else "chat.completion.chunk"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
+
+    def _logprobs(self, scored: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        """The tokens' log-probabilities in OpenAI's shape: a chat's ``content`` entries (token, logprob, bytes,
+        top_logprobs), or a completion's parallel lists (tokens, token_logprobs, top_logprobs as {token:
+        logprob} with the chosen token among them, text_offset)."""
+        if not self.logprobs:
+            return None
+        if not self.completion:
+            content = [
+                {**_entry(t.token, t.logprob), "top_logprobs": [_entry(a.token, a.logprob) for a in t.top]}
+                for t in scored
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for t in scored:
+            offsets.append(self._text_offset[0])
+            self._text_offset[0] += len(t.token)
+        return {
+            "tokens": [t.token for t in scored],
+            "token_logprobs": [t.logprob for t in scored],
+            "top_logprobs": [{**{a.token: a.logprob for a in t.top}, t.token: t.logprob} for t in scored],
+            "text_offset": offsets,
+        }
+
+
+def _entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
 class _AnswerError(HTTPError):

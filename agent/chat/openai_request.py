@@ -2,7 +2,8 @@
 
 What clients send routinely and shoal does not use is accepted and ignored (``user``, ``store``, a
 message's ``name``...). What would change the answer's meaning and shoal cannot honour is refused with a
-400 naming it (tools, logprobs, penalties, ``n`` above 1...). Content given as a list of text parts is
+400 naming it (tools, penalties, ``n`` above 1...). ``logprobs`` (and a chat's ``top_logprobs``) ask for each
+token's log-probability and up to ``MAX_TOP_LOGPROBS`` alternatives. Content given as a list of text parts is
 joined; other part types are refused.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from agent.chat.protocol import ChatRequest
 from agent.errors import ChatProtocolError, HTTPError
+from agent.sampling.params import MAX_TOP_LOGPROBS
 
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
 """Fields a client may send that change nothing shoal does."""
@@ -21,8 +23,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,),
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "logit_bias": ({},),
     "tools": ([],),
     "tool_choice": ("none", "auto"),
@@ -63,6 +63,8 @@ def parse_openai(body: bytes, token: str, *, completion: bool) -> OpenAIRequest:
         "max_tokens",
         "max_completion_tokens",
         "stop",
+        "logprobs",
+        "top_logprobs",
         input_field,
         *SAMPLING,
     }
@@ -86,6 +88,7 @@ def parse_openai(body: bytes, token: str, *, completion: bool) -> OpenAIRequest:
         raise HTTPError("bad_request", "'model' must be a string", "model")
     fields: dict[str, Any] = {
         "token": token,
+        "logprobs": _logprobs(data, completion),
         "max_tokens": data.get("max_completion_tokens", data.get("max_tokens", 256)),
         **{name: data[name] for name in (*SAMPLING, "stop") if data.get(name) is not None},
     }
@@ -101,6 +104,32 @@ def parse_openai(body: bytes, token: str, *, completion: bool) -> OpenAIRequest:
     except ChatProtocolError as exc:
         raise HTTPError("bad_request", str(exc), exc.param) from exc
     return OpenAIRequest(chat, model, stream, bool(options.get("include_usage", False)))
+
+
+def _logprobs(data: dict[str, Any], completion: bool) -> int | None:
+    """The alternatives asked for with each token's log-probability, or None: a chat's ``logprobs: true`` with
+    ``top_logprobs`` (0 unless given), a completion's ``logprobs`` (a number, OpenAI's legacy form)."""
+    asked, top = data.get("logprobs"), data.get("top_logprobs")
+    bound = f"0 to {MAX_TOP_LOGPROBS}"
+    if completion:
+        if top is not None:
+            raise HTTPError("bad_request", "completions take 'logprobs' (a number), not 'top_logprobs'", "top_logprobs")
+        if asked is not None and not _count(asked):
+            raise HTTPError("bad_request", f"'logprobs' must be a number of alternatives, {bound}", "logprobs")
+        return asked
+    if asked is not None and not isinstance(asked, bool):
+        raise HTTPError("bad_request", "'logprobs' must be true or false", "logprobs")
+    if top is not None and not _count(top):
+        raise HTTPError("bad_request", f"'top_logprobs' must be a number, {bound}", "top_logprobs")
+    if not asked:
+        if top:
+            raise HTTPError("bad_request", "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return top or 0
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOP_LOGPROBS
 
 
 def _unsupported(name: str, value: Any) -> str:

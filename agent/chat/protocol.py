@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, Protocol
 
 from agent.chat.stop_text import MAX_STOPS
 from agent.errors import ChatProtocolError, ShoalError
-from agent.sampling.params import SamplingParams
+from agent.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20
@@ -41,10 +41,15 @@ class ChatRequest:
     """Text that ends the answer (at most ``MAX_STOPS``); the answer's text is cut before it."""
     prompt: str | None = None
     """A completion's raw text, tokenized as it is, without the chat template (``messages`` is then empty)."""
+    logprobs: int | None = None
+    """Each token's log-probability and this many of the most likely tokens at its position, on its ``token``
+    event (0 to ``MAX_TOP_LOGPROBS``); None: none."""
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed, logprobs=self.logprobs
+        )
 
     def chat_messages(self) -> list[dict[str, str]]:
         """The conversation in the form chat templates take."""
@@ -63,7 +68,7 @@ class ChatRequest:
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> ChatRequest:
         """Check the fields of a request already parsed (its version, if any, checked by the caller)."""
-        known = {"v", "token", "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
+        known = {"v", *(f.name for f in fields(cls))}
         unknown = set(data) - known
         if unknown:
             raise ChatProtocolError(f"unknown request fields {sorted(unknown)}")
@@ -101,6 +106,7 @@ class ChatRequest:
             seed=_typed(data, "seed", (int, type(None)), None),
             stop=_stops(data.get("stop")),
             prompt=prompt,
+            logprobs=_logprobs(data.get("logprobs")),
         )
         if prompt is not None:
             request = replace(request, messages=())
@@ -123,6 +129,47 @@ def _stops(value: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _logprobs(value: Any) -> int | None:
+    """``logprobs``: absent, or the number of alternatives (0 to ``MAX_TOP_LOGPROBS``) with each token's own."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise ChatProtocolError(
+            f"'logprobs' must be a number of alternatives, 0 to {MAX_TOP_LOGPROBS}", param="logprobs"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One of the most likely tokens at a position: its id, its text, its log-probability."""
+
+    id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (``agent.sampling.logprobs``), its text alone (a
+    token that is part of a character shows as U+FFFD), and the most likely tokens at its position."""
+
+    token: str
+    logprob: float
+    top: tuple[Alternative, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "top": [[a.id, a.token, a.logprob] for a in self.top]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> TokenLogprob:
+        try:
+            top = tuple(Alternative(int(i), str(t), float(lp)) for i, t, lp in data["top"])
+            return cls(str(data["token"]), float(data["logprob"]), top)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChatProtocolError("a token's logprobs must be {token, logprob, top: [[id, token, logprob]]}") from exc
+
+
 EventKind = Literal["token", "progress", "done", "error"]
 
 
@@ -137,6 +184,8 @@ class ChatEvent:
     code: str = ""
     """For errors: ``bad_request``, ``unauthorized``, ``prompt_too_long``, ``fleet_busy``, ``ring_unavailable``,
     ``failed``."""
+    logprobs: TokenLogprob | None = None
+    """For tokens of a request that asked for them (``ChatRequest.logprobs``)."""
     stats: dict[str, Any] = field(default_factory=dict)
     """For ``done``: tokens, seconds, steps, drafted, accepted, median_k, finish_reason (``stop``: a stop
     token or sequence ended it; ``length``: max_tokens did), exact (the ring computed it as plain decoding
@@ -148,6 +197,8 @@ class ChatEvent:
         body: dict[str, Any] = {"v": PROTOCOL_VERSION, "event": self.event}
         if self.event == "token":
             body.update(id=self.id, text=self.text)
+            if self.logprobs is not None:
+                body.update(logprobs=self.logprobs.to_json())
         elif self.event == "error":
             body.update(code=self.code, text=self.text)
         elif self.event == "progress":
@@ -164,7 +215,9 @@ class ChatEvent:
         kind = data.get("event")
         if kind == "token":
             token_id = _typed(data, "id", int)
-            return cls("token", id=token_id, text=_typed(data, "text", str))
+            scored = data.get("logprobs")
+            logprobs = TokenLogprob.from_json(scored) if scored is not None else None
+            return cls("token", id=token_id, text=_typed(data, "text", str), logprobs=logprobs)
         if kind == "error":
             return cls("error", code=_typed(data, "code", str), text=_typed(data, "text", str))
         if kind == "done":

@@ -35,7 +35,7 @@ from typing import Any
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.kept import KeptConversation, KeptConversations
 from agent.chat.progress import PromptProgress
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+from agent.chat.protocol import MAX_LINE_BYTES, Alternative, ChatEvent, ChatRequest, TokenLogprob
 from agent.chat.stop_text import StopText
 from agent.chat.watch import ClientWatch
 from agent.errors import (
@@ -58,6 +58,7 @@ from agent.node.config import AgentConfig
 from agent.node.server import StageServer
 from agent.runtime.pipeline import PipelineSession
 from agent.runtime.protocol import new_sessions
+from agent.sampling.logprobs import TokenScore
 from agent.transport.listen import listen_tcp
 from agent.transport.network import Network
 from agent.transport.tasks import OwnedTasks
@@ -104,6 +105,23 @@ class AnswerTally:
     """Every session it used computed each step as plain decoding would (``agent.runtime.repeatable``): the
     same question gets the same tokens. False where a stage verified drafts or rewound in a precision and
     thread count that round differently (told in the ``done`` event, counted in the status)."""
+
+
+class _Pieces:
+    """Token ids as the text of each alone, for log-probabilities (a token is looked up once an answer)."""
+
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._text: dict[int, str] = {}
+
+    def text(self, token: int) -> str:
+        if token not in self._text:
+            self._text[token] = self._tokenizer.decode([token], skip_special_tokens=False)
+        return self._text[token]
+
+    def logprob(self, token: int, score: TokenScore) -> TokenLogprob:
+        top = tuple(Alternative(i, self.text(i), lp) for i, lp in score.top)
+        return TokenLogprob(self.text(token), score.logprob, top)
 
 
 class ChatService:
@@ -464,6 +482,8 @@ class ChatService:
         tokenizer = model.tokenizer
         stream = TextStream(tokenizer)
         sent: list[int] = []
+        scores: list[TokenScore] | None = [] if request.logprobs is not None else None
+        pieces = _Pieces(tokenizer)
         while True:
             history = prompt_ids + sent
             tokens = decode(
@@ -478,6 +498,7 @@ class ChatService:
                 executor=self.server.executor,
                 stats=stats,
                 turn=conversation.turn,
+                scores=scores,
             )
             resumed = bool(conversation.target.held)  # a kept session taken over, not a fresh one
             progress = PromptProgress(started)
@@ -491,7 +512,8 @@ class ChatService:
                             yield item
                             continue
                         sent.append(item)
-                        yield ChatEvent("token", id=item, text=shown.push(stream.push(item)))
+                        scored = pieces.logprob(item, scores[-1]) if scores and len(scores) == len(sent) else None
+                        yield ChatEvent("token", id=item, text=shown.push(stream.push(item)), logprobs=scored)
                         if shown.stopped:  # a stop sequence: the answer ends here, normally
                             break
                 return

@@ -44,6 +44,7 @@ from agent.head.speculative import Verdict, verify_greedy, verify_sampled
 from agent.head.targets import Target
 from agent.head.turn import HeadTurn
 from agent.sampling.keyed import PositionNoise
+from agent.sampling.logprobs import TokenScore
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput
 
@@ -109,6 +110,7 @@ async def decode(
     belief_stop: bool = True,
     draft_ahead: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    scores: list[TokenScore] | None = None,
 ) -> AsyncGenerator[int, None]:
     """Yield completion tokens; stops at a stop token (not yielded) or after ``max_tokens``.
 
@@ -131,6 +133,9 @@ async def decode(
     (``Target.answers_elsewhere``), draft the next step while this one is answered (module docstring).
     The drafting holds ``turn`` like any other local work, so it fills the head's idle time; with a
     :class:`~agent.head.turn.HeadTurn` it also stops between tokens once another session waits for it.
+
+    ``scores``: for a target read out with log-probabilities (``params.logprobs``), each token's
+    :class:`~agent.sampling.logprobs.TokenScore` is appended to it just before the token is yielded.
     """
     check_prompt(prompt_ids, max_tokens, context_tokens)
     if depth < 1:
@@ -218,6 +223,7 @@ async def decode(
     stats.target_seconds += clock() - started
     stats.first_token_seconds = clock() - started
     new_tokens = [_pick(first, noise, len(context))]
+    new_scores = [first.score(0, new_tokens[0], params)]
     rewind = 0
     produced = 0  # not stats.tokens: one stats object may add up several generations
     judged_steps = 0
@@ -227,9 +233,11 @@ async def decode(
     ready: tuple[Draft, int | None, float] | None = None  # a draft made ahead that the answer confirmed, its time
     try:
         while True:
-            for token in new_tokens:
+            for token, score in zip(new_tokens, new_scores, strict=True):
                 if token in stop_ids:
                     return
+                if scores is not None and score is not None:
+                    scores.append(score)
                 context.append(token)
                 produced += 1
                 stats.tokens += 1
@@ -319,6 +327,8 @@ async def decode(
             stats.draft_seconds += step.drafted_at - step.started
             stats.target_seconds += done - step.drafted_at
             new_tokens = verdict.tokens
+            # the tokens judged were chosen at the judged positions, in order
+            new_scores = [judged.score(i, token, params) for i, token in enumerate(new_tokens)]
     finally:
         if drafting is not None:
             drafting.abandon()

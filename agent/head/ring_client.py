@@ -428,7 +428,7 @@ class RingSession:
         if self._closed:
             raise RingError("the session is closed")
         if not self._opened:
-            request = SessionOpen(self.client.head_id, self.params.temperature, self.params.top_k, self.params.top_p)
+            request = SessionOpen.of(self.client.head_id, self.params)
             await self.client.send_first(request.to_frame(self.id))
             self._opened = True
         if self._local and not step_is_repeatable(stages_exact(self.client.local_stages), len(ids), rewind, last_only):

@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from agent.errors import ShoalError
 
+MAX_TOP_LOGPROBS = 20
+"""Alternatives a session may ask for at each position (OpenAI's ``top_logprobs`` bound)."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How a session's tokens are chosen, and what the last stage reads out for it besides."""
+
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    logprobs: int | None = None
+    """The chosen tokens' log-probabilities and this many alternatives at each position
+    (``agent.sampling.logprobs``); None: none."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ShoalError("temperature must be >= 0, top-p in (0, 1], top-k >= 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ShoalError(f"log-probabilities come with 0 to {MAX_TOP_LOGPROBS} alternatives, not {self.logprobs}")
+
+    def on_stages(self) -> SamplingParams:
+        """What the stages apply (the seed stays with the head): two sessions with equal ones read out alike."""
+        return replace(self, seed=None)
 
     @property
     def greedy(self) -> bool:

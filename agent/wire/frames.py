@@ -33,7 +33,8 @@ import numpy as np
 from agent.errors import LocalProtocolError
 
 MAGIC = b"SH"
-PROTOCOL_VERSION = 6  # 2: PARK; 3: PING and PONG; 4: MEMBERS; 5: StepFlags.PART; 6: StepFlags.UNREPEATABLE
+PROTOCOL_VERSION = 7  # 2: PARK; 3: PING and PONG; 4: MEMBERS; 5: StepFlags.PART; 6: StepFlags.UNREPEATABLE;
+# 7: StepFlags.LOGPROBS and SessionOpen.logprobs (an older peer's frames are refused, naming both versions)
 HEADER = struct.Struct("<2sBBQIIHHHBB4II")
 HEADER_SIZE = HEADER.size
 MAX_NDIM = 4
@@ -68,6 +69,8 @@ class StepFlags(enum.IntFlag):
     UNREPEATABLE = 4  # set by a stage that computed this step unlike another grouping of its positions would
     # (``agent.runtime.repeatable``), kept by every stage after it, and returned on the RESULT: the answer
     # it belongs to may differ from the same question asked again
+    LOGPROBS = 8  # on a RESULT: its payload begins with the readout's kind and a log-probability block
+    # (``agent.wire.result``), for a session opened with ``SessionOpen.logprobs``
 
 
 class DType(enum.IntEnum):

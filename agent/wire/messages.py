@@ -106,14 +106,21 @@ class SessionOpen(Message):
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    logprobs: int | None = None
+    """Log-probabilities with this many alternatives at each position, on every RESULT (None: none)."""
 
     def __post_init__(self) -> None:
         self.sampling  # noqa: B018 - validates the settings
 
+    @classmethod
+    def of(cls, head_id: int, params: SamplingParams) -> SessionOpen:
+        """The OPEN of a session read out with ``params`` (its seed stays with the head)."""
+        return cls(head_id, params.temperature, params.top_k, params.top_p, params.logprobs)
+
     @property
     def sampling(self) -> SamplingParams:
         """The settings the last stage's readout applies (seeds stay with the head)."""
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, logprobs=self.logprobs)
 
     def to_frame(self, session: int) -> Frame:
         return Frame.message(FrameType.OPEN, self.to_json(), session=session)
