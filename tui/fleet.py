@@ -299,6 +299,14 @@ def _layers(value: object) -> tuple[int, int] | None:
     return (start, stop) if 0 <= start < stop else None
 
 
+_DONOR_ROLES = {
+    "draining": "its owner is back, its stage moves away",
+    "away": "its owner is at the PC",
+    "off": "not allowed to serve now (battery, schedule, load)",
+}
+"""A donor PC that stepped aside, in the fleet view's role column (``agent.donor.policy.DonorState``)."""
+
+
 def _others(members: Mapping[str, Any] | None, plan: Mapping[str, Any], in_ring: set[str]) -> tuple[MemberRow, ...]:
     if members is None:
         return ()
@@ -315,8 +323,11 @@ def _others(members: Mapping[str, Any] | None, plan: Mapping[str, Any], in_ring:
             continue
         node = str(member.get("node"))
         state = str(member.get("state") or "?")
+        donor = str((_mapping(member.get("announces")) or {}).get("donor") or "serving")
         if node in standing:
             role = f"standby for stage {standing[node]}"
+        elif state == "member" and donor != "serving":
+            role = f"{donor}: {_DONOR_ROLES.get(donor, 'not serving now')}"
         elif state == "member":
             role = "spare: the plan needs no more PCs"
         else:

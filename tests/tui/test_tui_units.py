@@ -267,3 +267,14 @@ def test_a_store_from_a_newer_shoal_or_an_unwritable_place_fails_with_a_clear_er
 def test_a_title_is_the_first_line_cut_short() -> None:
     assert title_of("\n  hello  \nworld") == "hello"
     assert len(title_of("x" * 200)) == 60 and title_of("x" * 200).endswith("…")
+
+
+def test_a_donor_that_stepped_aside_says_why_in_its_role() -> None:
+    status = fleet_status()
+    spare = {**status["members"]["members"][0], "node": "0000000000aa", "name": "zeta"}
+    spare["announces"] = {**spare["announces"], "stages": [], "donor": "away"}
+    status["members"]["members"].append(spare)
+    report = fleet_report(status)
+    assert ("zeta", "away: its owner is at the PC") in [(m.name, m.role) for m in report.others]
+    spare["announces"]["donor"] = "serving"
+    assert ("zeta", "spare: the plan needs no more PCs") in [(m.name, m.role) for m in fleet_report(status).others]
