@@ -58,6 +58,7 @@ STARTER_CONFIG = """\
 # restarts the agent with what this file says.
 listen = "0.0.0.0:7100"   # the ring: the other PCs of the fleet connect here
 chat = "127.0.0.1:0"      # this PC's own chats (shoal ask, shoal chat), on loopback only
+donor = true              # serve only while nobody uses this PC, at the lowest priority (a [donor] table tunes it)
 """
 
 

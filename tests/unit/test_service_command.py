@@ -250,3 +250,11 @@ def test_install_needs_an_enrolled_identity(tmp_path: Path) -> None:
     (host.data_dir / "fleet" / "nodes" / "pc7" / "cert.pem").unlink()
     with pytest.raises(ServiceError, match="enroll it first with `shoal join"):
         run_service(_args("install", "--dry-run"), host.data_dir, FakeRunner(), host)
+
+
+def test_the_starter_settings_are_settings_the_agent_takes(tmp_path: Path) -> None:
+    from agent.node.config import load_agent_config
+
+    (tmp_path / "agent.toml").write_text(STARTER_CONFIG, encoding="utf-8")
+    config = load_agent_config(tmp_path / "agent.toml", {"identity_dir": tmp_path, "chat_file": tmp_path / "c.json"})
+    assert config.listen == ("0.0.0.0", 7100) and config.chat == ("127.0.0.1", 0) and config.donor is not None
