@@ -13,12 +13,14 @@ from typing import Any
 
 from cryptography import x509
 
+from discovery.clocks import duration
 from discovery.mdns import MulticastProbe
 
 EXPIRY_WARNING = dt.timedelta(days=14)
 SKEW_WARNING = 60.0
-"""Seconds of clock difference with a peer worth a word (certificates tolerate 5 minutes)."""
-SKEW_ERROR = 300.0
+"""Seconds of clock difference with a linked peer worth a word. A link that is up works whatever the difference
+(its certificates were checked when it came up); a peer whose clock keeps a link from forming is told apart, with
+the agent's own sentence for it (``discovery.clocks``)."""
 
 
 @dataclass(frozen=True)
@@ -134,16 +136,11 @@ def check_members(members: Mapping[str, Any], version: str, reachable: Mapping[s
                     "version", True, f"{name} runs shoal {announced}, this PC {version}", "update both to one version"
                 )
             )
-        skew = member.get("clock_skew")
-        if skew is not None and abs(skew) > SKEW_WARNING:
-            found.append(
-                Finding(
-                    "clock",
-                    abs(skew) <= SKEW_ERROR,
-                    f"{name}'s clock differs from this PC's by {skew:+.0f} s",
-                    "set both clocks right (NTP): certificates are refused beyond 5 minutes",
-                )
-            )
+        skew, problem = member.get("clock_skew"), member.get("clock")
+        if problem:
+            found.append(Finding("clock", False, problem, "the PC named must have its clock set: then they link"))
+        elif isinstance(skew, int | float) and abs(skew) > SKEW_WARNING:
+            found.append(Finding("clock", True, skew_works(name, skew)))
     for address, why in sorted(reachable.items()):
         if why is not None:
             found.append(
@@ -155,6 +152,22 @@ def check_members(members: Mapping[str, Any], version: str, reachable: Mapping[s
                 )
             )
     return found
+
+
+def skew_works(name: str, skew: float) -> str:
+    """What a clock difference of ``skew`` seconds (``name``'s clock minus this PC's) means while certificates pass:
+    the link works; the PC behind refuses a certificate issued within that difference of its clock, the PC ahead
+    one that close to its expiry (``discovery.clocks``)."""
+    by = duration(skew)
+    if skew > 0:
+        return (
+            f"{name}'s clock is {by} ahead of this PC's: links work; {name} refuses a certificate only in its last "
+            f"{by} before it expires. Set the wrong clock right (NTP)"
+        )
+    return (
+        f"{name}'s clock is {by} behind this PC's: links work with certificates older than {by}; {name} refuses one "
+        "issued since as not yet valid. Set the wrong clock right (NTP)"
+    )
 
 
 def check_multicast(

@@ -124,10 +124,14 @@ class MemberRow:
     role: str
     address: str
     heard: str
+    stuck: bool = False
+    """It cannot link until people act, and ``role`` says why (its clock or this PC's set days wrong)."""
 
     @property
     def health(self) -> Health:
-        return "bad" if self.state in _GONE_MEMBER else "busy" if self.role.startswith("standby") else "idle"
+        if self.state in _GONE_MEMBER or self.stuck:
+            return "bad"
+        return "busy" if self.role.startswith("standby") else "idle"
 
 
 @dataclass(frozen=True)
@@ -340,6 +344,7 @@ def _others(members: Mapping[str, Any] | None, plan: Mapping[str, Any], in_ring:
                 role=role,
                 address=str(member.get("address") or ""),
                 heard=f"{heard:.0f} s ago" if isinstance(heard, (int, float)) else "never",
+                stuck=bool(member.get("clock")),
             )
         )
     return tuple(sorted(rows, key=lambda r: (r.health != "busy", r.name)))

@@ -23,6 +23,12 @@ from discovery.kept import revocation_keeper
 from discovery.mdns import MulticastProbe, probe_multicast
 
 PEER_TIMEOUT = 3.0
+"""Seconds for each step with an agent: the dial (its TLS handshake included), its hello, a status request."""
+ASK_TIMEOUT = 3 * PEER_TIMEOUT + 1.0
+"""Seconds at most for all that is asked of one agent, the goodbye included: however an agent or a peer behaves
+(a handshake that stalls, a hello that never comes, a close never acknowledged), doctor moves on."""
+PROBE_SLACK = 5.0
+"""Seconds an mDNS probe may take beyond its listening time (announcing, then withdrawing, its probe service)."""
 
 
 def run_doctor(args: argparse.Namespace, data_dir: Path) -> int:
@@ -49,13 +55,16 @@ async def diagnose(identity: NodeIdentity, agent: str | None, probe_seconds: flo
     status, error = None, None
     if address is not None:
         try:
-            link = await StatusLink.open(parse_address(address), identity, timeout=PEER_TIMEOUT)
-            try:
-                status = await link.get()
-            finally:
-                await link.close()
+            async with asyncio.timeout(ASK_TIMEOUT):
+                link = await StatusLink.open(parse_address(address), identity, timeout=PEER_TIMEOUT)
+                try:
+                    status = await link.get()
+                finally:
+                    await link.close()
         except (RingError, FleetError) as exc:
             error = str(exc)
+        except TimeoutError:
+            error = f"no answer within {ASK_TIMEOUT:.0f} s"
     findings += check_agent(address, status, error)
     members: dict[str, Any] | None = status.get("members") if status else None
     if members is None:
@@ -66,20 +75,29 @@ async def diagnose(identity: NodeIdentity, agent: str | None, probe_seconds: flo
     mdns = members.get("mdns")
     probes: list[MulticastProbe] = []
     if mdns is not None:
-        probes = list(
-            await asyncio.gather(*(probe_multicast(a, identity.fleet_id, probe_seconds) for a in mdns["addresses"]))
-        )
+        probes = list(await asyncio.gather(*(_probe(a, identity.fleet_id, probe_seconds) for a in mdns["addresses"])))
     findings += check_multicast(probes, mdns is not None, members)
     return findings
 
 
 async def _reach(address: str, identity: NodeIdentity) -> str | None:
     try:
-        link = await StatusLink.open(parse_address(address), identity, timeout=PEER_TIMEOUT)
+        async with asyncio.timeout(ASK_TIMEOUT):
+            link = await StatusLink.open(parse_address(address), identity, timeout=PEER_TIMEOUT)
+            await link.close()
     except RingError as exc:
         return str(exc)
-    await link.close()
+    except TimeoutError:
+        return f"no answer within {ASK_TIMEOUT:.0f} s"
     return None
+
+
+async def _probe(address: str, fleet: str, seconds: float) -> MulticastProbe:
+    try:
+        async with asyncio.timeout(seconds + PROBE_SLACK):
+            return await probe_multicast(address, fleet, seconds)
+    except TimeoutError:
+        return MulticastProbe(address, False, frozenset(), f"the probe took over {seconds + PROBE_SLACK:.0f} s")
 
 
 def _key_matches(identity: NodeIdentity) -> bool:
