@@ -96,6 +96,31 @@ def check_agent(address: str | None, status: Mapping[str, Any] | None, error: st
     return [Finding("agent", True, f"the agent answers at {address}")]
 
 
+IDLE_ADVICE = {
+    "linux": "run the agent inside the user's desktop session (a user unit of the graphical session has its DISPLAY "
+    "and DBUS_SESSION_BUS_ADDRESS): GNOME and KDE need nothing more, X11 python-xlib",
+    "win32": "start the agent in the user's session at logon (`shoal service install`), not as a session-0 service",
+    "darwin": "pip install 'shoal[macos]' (pyobjc-framework-Quartz)",
+}
+
+
+def check_idle(source: str | None, seconds: float | None, problems: str, platform: str) -> list[Finding]:
+    """The donor's idle source (``agent.donor.idle``): the ``source`` picked and its reading ``seconds``, or None
+    and why each one failed (``problems``). Not a fault (a PC need not donate), so ``ok`` either way; the message
+    says what to install or change."""
+    if source is not None and seconds is not None:
+        return [Finding("idle", True, f"idle source {source}: {seconds:.0f} s since the last keyboard or mouse input")]
+    advice = IDLE_ADVICE.get(platform, IDLE_ADVICE["linux"])
+    return [
+        Finding(
+            "idle",
+            True,
+            f"no idle source works here ({problems}): as a donor this PC serves never, or only on its schedule "
+            f'where [donor] no_source = "schedule"; to detect the user: {advice}',
+        )
+    ]
+
+
 def check_members(members: Mapping[str, Any], version: str, reachable: Mapping[str, str | None]) -> list[Finding]:
     """The agent's ``members`` status section: peers lost, foreign or of another version; clock skew; and
     ``reachable`` (address -> None, or why this PC cannot reach it over TLS)."""

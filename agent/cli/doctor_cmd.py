@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,12 @@ from cryptography.hazmat.primitives import serialization
 from agent.cli.common import identity_dir
 from agent.cli.status_cmd import StatusLink
 from agent.daemon import software_version
+from agent.donor.idle import IdleSource, describe_problems, pick_source
 from agent.errors import FleetError, RingError
 from agent.fleet import NodeIdentity, read_certificate
 from agent.node.config import parse_address
 from agent.node.running import running_agent
-from discovery.doctor import Finding, check_agent, check_certificate, check_members, check_multicast
+from discovery.doctor import Finding, check_agent, check_certificate, check_idle, check_members, check_multicast
 from discovery.kept import revocation_keeper
 from discovery.mdns import MulticastProbe, probe_multicast
 
@@ -51,6 +54,7 @@ async def diagnose(identity: NodeIdentity, agent: str | None, probe_seconds: flo
     keeper = await loop.run_in_executor(None, revocation_keeper, identity.cert.parent, ca)
     revoked = keeper.current is not None and keeper.current.revokes(identity.fingerprint)
     findings = check_certificate(cert, ca, _key_matches(identity), revoked, dt.datetime.now(dt.UTC))
+    findings += check_idle(*await loop.run_in_executor(None, _idle_source), sys.platform)
     address = agent or running_agent(identity.cert.parent)
     status, error = None, None
     if address is not None:
@@ -78,6 +82,17 @@ async def diagnose(identity: NodeIdentity, agent: str | None, probe_seconds: flo
         probes = list(await asyncio.gather(*(_probe(a, identity.fleet_id, probe_seconds) for a in mdns["addresses"])))
     findings += check_multicast(probes, mdns is not None, members)
     return findings
+
+
+def _idle_source() -> tuple[str | None, float | None, str]:
+    """The idle source this PC's agent would pick, its reading, and why the others before it failed."""
+    tried: list[IdleSource] = []
+    picked = pick_source(os.environ, tried=tried)
+    seconds = picked.seconds_since_input() if picked is not None else None
+    close = getattr(picked, "close", None)
+    if close is not None:
+        close()
+    return (None if picked is None else picked.name), seconds, describe_problems([s for s in tried if s is not picked])
 
 
 async def _reach(address: str, identity: NodeIdentity) -> str | None:

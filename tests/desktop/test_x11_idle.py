@@ -65,3 +65,22 @@ def test_a_display_without_a_server_is_a_problem(x_display: str) -> None:
     absent = f":{int(x_display[1:]) + 1000}"
     problem = X11Source(absent).problem() or ""
     assert problem.startswith(f"cannot open the X display {absent}: Can't connect to display"), problem
+
+
+def test_doctor_names_the_source_it_would_use(x_display: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.cli.doctor_cmd import _idle_source
+
+    monkeypatch.setenv("DISPLAY", x_display)
+    for name in ("WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/bus")
+    name, seconds, problems = _idle_source()
+    assert name == "x11" and seconds is not None and seconds >= 0
+    assert problems == (
+        "gnome: no session D-Bus here (DBUS_SESSION_BUS_ADDRESS is not set); "
+        "screensaver: no session D-Bus here (DBUS_SESSION_BUS_ADDRESS is not set)"
+    )
+    monkeypatch.delenv("DISPLAY")
+    name, seconds, problems = _idle_source()
+    assert name is None and seconds is None
+    assert "x11: DISPLAY is not set (no X11 session here); logind: cannot reach the system D-Bus" in problems
