@@ -3,8 +3,9 @@
 After an answer, its session (the KV state on every stage) is kept for ``keep_seconds``. A request that
 continues the kept conversation (its prompt begins with the whole prompt the kept answer was given: the
 earlier turns, sent again) takes the session over (``ResumableTarget.resume``) and reuses what it holds
-up to where the two part; any other request starts a fresh session, even one that shares the chat
-template's opening. A kept session still holds a place on every stage, so few
+up to where the two part, in the whole chunks a fresh prompt is computed in (``ResumableTarget.reusable``:
+so the answer is a fresh session's); any other request starts a fresh session, even one that shares the
+chat template's opening. A kept session still holds a place on every stage, so few
 are kept (``keep_max``), each only for a while, and it is parked there (``Target.park``): a stage that
 needs the place for a new session evicts it, and the conversation's next turn then starts afresh. On this
 agent, a kept session whose state a stage evicted, else the oldest, gives its place up at once when the
@@ -67,7 +68,7 @@ class KeptConversations:
 
     def take(self, prompt_ids: Sequence[int], params: SamplingParams) -> KeptConversation | None:
         """The kept session of the conversation ``prompt_ids`` continues (with the same sampling; of several,
-        the one holding the most of it), no longer kept; its target is set to resume. None: start afresh."""
+        the one that can reuse the most of it), no longer kept; its target is set to resume. None: start afresh."""
         best: KeptConversation | None = None
         best_common = -1
         for kept in list(self._kept):
@@ -77,7 +78,7 @@ class KeptConversations:
                 continue
             if tuple(prompt_ids[: len(kept.prompt)]) != kept.prompt or not _same_sampling(kept.target.params, params):
                 continue
-            common = kept.target.common_prefix(prompt_ids)
+            common = kept.target.reusable(prompt_ids)
             if common > best_common:
                 best, best_common = kept, common
         if best is None:
@@ -89,7 +90,12 @@ class KeptConversations:
         self.resumed += 1
         self.reused_tokens += best_common
         log.info(
-            "node=%s chat resumes a kept session: %d of %d prompt tokens held", self.node, best_common, len(prompt_ids)
+            "node=%s chat resumes a kept session: %d of %d prompt tokens held, %d reused (whole chunks of %d)",
+            self.node,
+            best.target.common_prefix(prompt_ids),
+            len(prompt_ids),
+            best_common,
+            best.target.grid,
         )
         return best
 

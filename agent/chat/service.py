@@ -563,7 +563,7 @@ class ChatService:
             try:
                 fresh = await self._open(request)
                 fresh.target = await lost.replay_into(fresh.target.inner)
-                fresh.target.resume()  # the next prompt, history + tokens sent, rewinds to what it holds
+                fresh.target.resume(whole=True)  # the next prompt, history + tokens sent, goes on from all it holds
                 log.info("node=%s %d positions replayed: the answer goes on", self.node, len(fresh.target.held))
                 return fresh
             except PeerUnavailableError as exc:
@@ -590,7 +590,12 @@ class ChatService:
                 await loop.run_in_executor(self.server.executor, new_sessions, self.server.stages)
             )
             target: Target = LocalTarget(
-                session, params, self.server.executor, self.server.exact, self.server.count_local_step
+                session,
+                params,
+                self.server.executor,
+                self.server.exact,
+                self.server.count_local_step,
+                prefill_chunk=self.config.prefill_chunk,
             )
             turn = None
         else:
@@ -599,7 +604,7 @@ class ChatService:
                 target, turn = await client.open_session(params, self._ring_timeout), client.turn
             except RingError as exc:  # joining the ring failed (a busy stage answers only the first step)
                 raise PeerUnavailableError(str(exc)) from exc
-        return KeptConversation(ResumableTarget(target, params), (), turn)
+        return KeptConversation(ResumableTarget(target, params, self.config.prefill_chunk), (), turn)
 
     async def _ring(self) -> RingClient:
         """This agent's connections to the rest of the ring, made at the first chat (bring-up order is free)."""

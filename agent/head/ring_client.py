@@ -421,7 +421,7 @@ class RingSession:
     async def submit(self, ids: list[int], rewind: int, last_only: bool) -> asyncio.Future[StepOutput]:
         """Send one step now; the returned future holds its readout. Steps may be submitted before earlier
         ones are answered (pipelined speculation): the stages run a session's steps in order. A prompt
-        (``last_only``) longer than the client's ``prefill_chunk`` goes as chunks, back to back
+        (``last_only``) goes as chunks cut at multiples of the client's ``prefill_chunk``, back to back
         (``agent.head.prefill``); the future holds the readout of its last position, as for one step."""
         if self._failure is not None:
             raise self._failure
@@ -436,7 +436,7 @@ class RingSession:
         position = self._logical - rewind
         if position < 0:
             raise RingError(f"cannot rewind {rewind} of {self._logical} positions")
-        sizes = prefill_chunks(len(ids), self.client.prefill_chunk) if last_only else [len(ids)]
+        sizes = prefill_chunks(position, len(ids), self.client.prefill_chunk) if last_only else [len(ids)]
         # Step numbers, positions and places in the answer queue are claimed before the first await, so a
         # step submitted meanwhile comes after these.
         loop = asyncio.get_running_loop()

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from agent.head.prefill import PrefillWatcher
+from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_chunks
 from agent.runtime.pipeline import PipelineSession
 from agent.runtime.repeatable import step_is_repeatable
 from agent.sampling.params import SamplingParams
@@ -82,11 +82,15 @@ class LocalTarget:
         executor: Executor | None = None,
         exact: bool | None = None,
         on_step: Callable[[float], None] | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         """``exact``: the stages' speculation exactness (``agent.runtime.repeatable.stages_exact``; None, not
         known: no step that could round otherwise counts as repeatable); ``on_step``: told the seconds of each
-        step (on the event loop: an agent counts them with its stages' ring steps)."""
+        step (on the event loop: an agent counts them with its stages' ring steps); ``prefill_chunk``: a prompt
+        is computed in steps cut at its multiples, as a ring's head sends it (``agent.head.prefill``; 0: one
+        step)."""
         self._session = session
+        self._prefill_chunk = prefill_chunk
         self._params = params
         self._executor = executor
         self._exact = exact
@@ -97,7 +101,11 @@ class LocalTarget:
     def _run(self, ids: list[int], rewind: int, last_only: bool) -> tuple[StepOutput, float]:
         started = time.perf_counter()
         self._session.rewind(rewind)
-        logits = self._session.step(np.asarray([ids], dtype=np.int64), last_only=last_only)
+        start = self._session.logical_length
+        sizes = prefill_chunks(start, len(ids), self._prefill_chunk) if last_only else [len(ids)]
+        for size in sizes:
+            done = self._session.logical_length - start
+            logits = self._session.step(np.asarray([ids[done : done + size]], dtype=np.int64), last_only=last_only)
         output = read_out(logits, self._params, last_only)
         return output, time.perf_counter() - started  # the step's work, as a stage server times its steps
 
@@ -129,7 +137,7 @@ class LocalTarget:
         return self._repeatable
 
     def watch_prefill(self, watcher: PrefillWatcher | None) -> None:
-        """Nothing to tell: a prompt is one step in this process."""
+        """Nothing to tell: a prompt's chunks run back to back in this process, in one job."""
 
     async def park(self) -> None:
         """Nothing to tell: the state is this process's, and so is the choice of what to keep."""

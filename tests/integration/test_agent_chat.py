@@ -7,9 +7,10 @@ it directly. Its answers must be exactly the in-process pipeline's greedy answer
 a chat ends), alone and with other chats at once; a chat beyond its ``max_sessions`` is refused with
 "fleet busy"; bad requests and a wrong token are refused without disturbing anyone; a client that
 leaves mid-answer frees the session on every stage. A finished answer's session is kept for
-``KEEP_SECONDS``: the conversation's next turn computes only its new message and still gives the
-pipeline's answer to the whole conversation. A kept session is parked on the stages: it gives its place
-up to a new chat here, and a full stage evicts it for another head's new session or this agent's.
+``KEEP_SECONDS``: the conversation's next turn takes it over (reusing the first prompt's whole chunks
+of 512 positions, none in these short chats) and gives the pipeline's answer to the whole conversation. A
+kept session is parked on the stages: it gives its place up to a new chat here, and a full stage evicts it
+for another head's new session or this agent's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.head.chat import ChatTokenizer
 from agent.head.decode import decode
+from agent.head.prefill import DEFAULT_PREFILL_CHUNK, chunk_floor
 from agent.head.targets import LocalTarget
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.stage import LocalPipeline
@@ -487,8 +489,9 @@ def test_next_turn_continues_the_kept_session_and_it_expires(
     ring3: list[AgentProcess],
     fleet: Fleet,
 ) -> None:
-    """A second turn resumes the first turn's session: only its new message is computed, and its answer is
-    the pipeline's to the whole conversation. Unused, the kept session is freed on every stage."""
+    """A second turn resumes the first turn's session (reusing what a fresh prompt computes alike: the first
+    prompt's whole chunks), and its answer is the pipeline's to the whole conversation. Unused, the kept session
+    is freed on every stage."""
     agent, endpoint = chat_agent
     observer = fleet.identity("observer")
     tokenizer = ChatTokenizer(exported(3, "fp32") / "tokenizer")
@@ -509,8 +512,8 @@ def test_next_turn_continues_the_kept_session_and_it_expires(
     assert stats["prompt_tokens"] == len(
         tokenizer.encode_chat([{"role": role, "content": content} for role, content in conversation])
     )
-    # everything up to the end of the first answer was already on the stages
-    assert stats["cached_tokens"] >= len(opening_ids) + len(reference(opening)) - 2, stats
+    # the first prompt's whole chunks are reused; the rest is computed as a fresh prompt computes it
+    assert stats["cached_tokens"] == chunk_floor(len(opening_ids), DEFAULT_PREFILL_CHUNK), stats
     report = status(agent.address, observer)["chat"]
     assert report["resumed"] >= before["resumed"] + 1 and report["kept"] == 1  # type: ignore[index]
     assert "chat resumes a kept session" in agent.log_text()

@@ -108,7 +108,7 @@ def test_a_chunked_prompt_gives_the_one_step_answer(
     folder = exported(3, "fp32" if ring_name == "ring3" else "int4")
     prompt = document_prompt(ChatTokenizer(folder / "tokenizer"), positions)
     whole, chunked, reports = _answers(Manifest.load(folder), ring, fleet, prompt)
-    sizes = prefill_chunks(len(prompt), DEFAULT_PREFILL_CHUNK)
+    sizes = prefill_chunks(0, len(prompt), DEFAULT_PREFILL_CHUNK)
     assert len(sizes) >= 2
     assert reports == [(sum(sizes[: i + 1]), len(prompt)) for i in range(len(sizes) - 1)]
     assert len(whole) == ANSWER_TOKENS

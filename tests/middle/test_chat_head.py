@@ -1,11 +1,11 @@
 """The agent that heads its PC's chats (``ChatService`` inside the real ``Daemon``), on a toy ring in memory.
 
-A chat's answer must be the whole model's; the conversation's next turn reuses its kept session and
-computes only the new part; a ring lost mid-answer is replayed into a fresh session and the answer
-goes on unchanged; a kept session that a full stage evicted makes the next turn start afresh, still
-right; a chat beyond the agent's places is told "fleet busy" while the others go on; a client that
-leaves mid-answer frees its session on every stage; a chat whose ring cannot be reached fails with a
-clear error, and the agent goes on.
+A chat's answer must be the whole model's; the conversation's next turn reuses its kept session up to the
+first prompt's last whole chunk and computes the rest as a fresh prompt would; a ring lost mid-answer is
+replayed into a fresh session and the answer goes on unchanged; a kept session that a full stage evicted
+makes the next turn start afresh, still right; a chat beyond the agent's places is told "fleet busy" while
+the others go on; a client that leaves mid-answer frees its session on every stage; a chat whose ring cannot
+be reached fails with a clear error, and the agent goes on.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ async def _events_losing_stage_1(ring: ToyRing, daemon: Daemon, request: ChatReq
     return events
 
 
-def test_a_chat_is_the_whole_models_answer_and_its_next_turn_computes_only_the_new_part(tmp_path: Path) -> None:
+def test_a_chat_is_the_whole_models_answer_and_its_next_turn_reuses_the_first_prompts_chunks(tmp_path: Path) -> None:
     async def main() -> None:
-        async with ring_and_chat(tmp_path) as (ring, daemon):
+        async with ring_and_chat(tmp_path, prefill_chunk=4) as (ring, daemon):
             first = (("user", QUESTION),)
             events = await _events(daemon, _request(daemon, *first))
             tokens = _tokens(events)
@@ -69,7 +69,9 @@ def test_a_chat_is_the_whole_models_answer_and_its_next_turn_computes_only_the_n
             events = await _events(daemon, _request(daemon, *second))
             assert _tokens(events) == await reference(ring, _ids(*second))
             stats = events[-1].stats
-            assert stats is not None and stats["cached_tokens"] >= len(_ids(*first)), stats
+            # the first prompt's whole chunks are reused; its last partial chunk, the answer and the new message
+            # are computed as a fresh prompt computes them
+            assert stats is not None and stats["cached_tokens"] == len(_ids(*first)) // 4 * 4, stats
             new_part = ring.stages[1].positions_computed - computed
             assert new_part <= len(_ids(*second)) - stats["cached_tokens"] + len(_tokens(events)) + 1
             assert daemon.chats is not None and daemon.chats.kept.resumed == 1
@@ -221,7 +223,7 @@ def test_a_chunked_prompt_its_next_turn_and_its_replay_give_the_whole_models_ans
             kinds = [event.event for event in events]
             reports = [(event.stats["done"], event.stats["total"]) for event in events if event.event == "progress"]
             positions = len(_ids(*first))
-            sizes = prefill_chunks(positions, 3)
+            sizes = prefill_chunks(0, positions, 3)
             assert reports == [(sum(sizes[: i + 1]), positions) for i in range(len(sizes) - 1)], reports
             assert kinds[: len(reports)] == ["progress"] * len(reports) and "progress" not in kinds[len(reports) :]
             assert daemon.chats is not None and daemon.chats.status()["prompts_in"] == []

@@ -16,6 +16,7 @@ import openai
 from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.daemon import Daemon
 from tests.middle.toy_ring import ring_and_chat, run
+from tests.support.toy_model import ToyTokenizer
 
 QUESTION = "where is the toy"
 
@@ -85,5 +86,56 @@ def test_the_api_tells_whether_an_answer_was_exact_whole_and_streamed(tmp_path: 
                 assert (last.model_extra or {}).get("exact") is False, last
             finally:
                 await client.close()
+
+    run(main)
+
+
+def test_the_same_question_fresh_on_a_kept_session_and_after_its_eviction_gets_the_same_tokens(
+    tmp_path: Path,
+) -> None:
+    """Issue 40 §1: stages that round a prompt by how its positions are grouped into steps (as one-thread int4
+    stages do) gave a kept session, which computed only the prompt's last position, other tokens than a fresh
+    session, all marked exact. A kept session is now reused only up to a chunk boundary, and the rest is
+    computed in the chunks a fresh prompt is: the same tokens, greedy and seeded, whenever exact."""
+
+    async def main() -> None:
+        async with ring_and_chat(tmp_path, prefill_chunk=4) as (ring, daemon):
+            chats = daemon.chats
+            assert chats is not None
+            for stage in (*ring.stages, *ring.chat_stages):
+                stage.rounds_prompts_by_step = True
+
+            async def ask(messages: tuple[tuple[str, str], ...], **sampling: object) -> tuple[list[int], ChatEvent]:
+                request = ChatRequest(token=chats.token, messages=messages, max_tokens=24, **sampling)  # type: ignore[arg-type]
+                events = [event async for event in chats.answer(request)]
+                assert events[-1].event == "done", events[-1]
+                return [e.id for e in events if e.event == "token" and e.id is not None], events[-1]
+
+            first = (("user", QUESTION),)
+            for sampling in ({}, {"temperature": 0.9, "seed": 7}):
+                fresh, fresh_done = await ask(first, **sampling)
+                resumed = chats.kept.resumed
+                kept, kept_done = await ask(first, **sampling)
+                assert chats.kept.resumed == resumed + 1  # the kept session was taken over
+                evicted = chats.kept.evict_oldest()
+                assert evicted is not None
+                await evicted
+                again, again_done = await ask(first, **sampling)
+                assert chats.kept.resumed == resumed + 1  # nothing kept: a fresh session
+                for done in (fresh_done, kept_done, again_done):
+                    assert done.stats is not None and done.stats["exact"] is True, done.stats
+                assert kept == fresh and again == fresh, (sampling, fresh, kept, again)
+
+            # a conversation's next turn: on the first turn's kept session, then again afresh
+            text = ToyTokenizer().decode(fresh)
+            second = (*first, ("assistant", text), ("user", "and then"))
+            on_kept, on_kept_done = await ask(second, temperature=0.9, seed=7)
+            assert on_kept_done.stats is not None and on_kept_done.stats["cached_tokens"] >= 4, on_kept_done.stats
+            evicted = chats.kept.evict_oldest()
+            assert evicted is not None
+            await evicted
+            afresh, afresh_done = await ask(second, temperature=0.9, seed=7)
+            assert afresh_done.stats is not None and afresh_done.stats["cached_tokens"] == 0
+            assert on_kept == afresh
 
     run(main)

@@ -18,16 +18,22 @@ from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
 PROMPT = [1, 3, *range(5, 45), 2, 4]  # 44 positions
 
 
-def test_chunks_are_as_even_as_possible_and_cover_the_prompt() -> None:
-    assert prefill_chunks(44, 0) == [44]
-    assert prefill_chunks(44, 44) == [44]
-    assert prefill_chunks(44, 10) == [9, 9, 9, 9, 8]
-    for positions in range(1, 200):
-        for chunk in (1, 7, 64):
-            sizes = prefill_chunks(positions, chunk)
-            assert sum(sizes) == positions and max(sizes) <= chunk and max(sizes) - min(sizes) <= 1
+def test_chunks_end_at_multiples_of_the_chunk_size_wherever_the_prompt_starts_and_cover_it() -> None:
+    assert prefill_chunks(0, 44, 0) == [44]
+    assert prefill_chunks(0, 44, 44) == [44]
+    assert prefill_chunks(0, 44, 10) == [10, 10, 10, 10, 4]
+    assert prefill_chunks(20, 24, 10) == [10, 10, 4]  # a kept session resumed at a boundary: the same last chunks
+    assert prefill_chunks(17, 27, 10) == [3, 10, 10, 4]
+    assert prefill_chunks(17, 500, 0) == [500]
+    for start in range(0, 30):
+        for positions in range(1, 130):
+            for chunk in (1, 7, 64):
+                sizes = prefill_chunks(start, positions, chunk)
+                ends = [start + sum(sizes[: i + 1]) for i in range(len(sizes))]
+                assert sum(sizes) == positions and max(sizes) <= chunk and min(sizes) >= 1
+                assert all(end % chunk == 0 for end in ends[:-1])
     with pytest.raises(ValueError):
-        prefill_chunks(0, 10)
+        prefill_chunks(0, 0, 10)
 
 
 def _client(ring: ToyRing, chunk: int) -> RingClient:
@@ -47,10 +53,10 @@ def test_a_chunked_prompt_gives_the_whole_models_answer_and_tells_its_progress()
             told: list[tuple[int, int]] = []
             session.watch_prefill(lambda done, total: told.append((done, total)))
             assert await answer(session, PROMPT) == expected
-            assert told == [(9, 44), (18, 44), (27, 44), (36, 44)]
+            assert told == [(10, 44), (20, 44), (30, 44), (40, 44)]
             assert session.prefill_progress is None
             for stage in ring.stages:
-                assert stage.steps[:5] == [9, 9, 9, 9, 8], stage.steps
+                assert stage.steps[:5] == [10, 10, 10, 10, 4], stage.steps
             await session.close()
         finally:
             await client.close()

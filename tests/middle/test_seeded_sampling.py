@@ -68,7 +68,7 @@ def test_a_seed_gives_one_text_whatever_the_drafter_k_and_depth() -> None:
 def test_a_seeded_chat_repeats_and_its_done_event_names_the_seed(tmp_path: Path) -> None:
     async def main() -> None:
         ring = await ToyRing.start()
-        daemon = await ring.chat_agent(tmp_path)
+        daemon = await ring.chat_agent(tmp_path, prefill_chunk=4)  # the kept turn reuses whole chunks of 4
         assert daemon.chats is not None
         try:
 

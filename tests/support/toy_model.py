@@ -132,6 +132,10 @@ class ToyStage:
     prefill_seconds: float = 0.0
     """Each step of more than one position also takes this long (a long prompt's prefill, on the worker
     thread as a real stage computes)."""
+    rounds_prompts_by_step: bool = False
+    """A prompt's step (``last_only``) shifts its rows by an amount that grows with the step's length, as the
+    CPU's int4 default precision rounds a prompt's positions by how they are grouped into steps (one thread:
+    40 positions in one step and 39 + 1 give other logits). Drafts' steps stay exact, as there."""
 
     def new_session(self) -> ToySession:
         self.sessions_made += 1
@@ -164,6 +168,7 @@ class ToySession:
             x = weights.embed[np.asarray(inputs[0], dtype=np.int64)]
         else:
             x = np.asarray(inputs[0], dtype=np.float32)
+        shift = np.float32(0.3 * n) if last_only and stage.rounds_prompts_by_step else np.float32(0)
         for sums, layer in zip(self._cache, stage.graph.layers, strict=True):
             rows = []
             for row, position in zip(x, positions[0], strict=True):
@@ -172,7 +177,7 @@ class ToySession:
                 sums.append(row.copy() if not sums else sums[-1] + row)
                 attended = sums[-1] / np.float32(len(sums))
                 turn = np.sin(np.float32(position) * np.float32(0.37) + np.arange(HIDDEN, dtype=np.float32))
-                rows.append(row + np.tanh(row @ weights.mix[layer] + attended @ weights.context[layer] + turn))
+                rows.append(row + np.tanh(row @ weights.mix[layer] + attended @ weights.context[layer] + turn) + shift)
             x = np.stack(rows).astype(np.float32)
         self._logical += n
         stage.positions_computed += n

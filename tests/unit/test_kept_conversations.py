@@ -19,8 +19,9 @@ class Places:
         self.held = 0
 
     def conversation(self, held: list[int], params: SamplingParams = GREEDY) -> KeptConversation:
-        target = ResumableTarget(ScriptedTarget(), params)
+        target = ResumableTarget(ScriptedTarget(), params, grid=1)
         target.held = list(held)
+        target.settled = len(held)  # as if all it holds were computed as a fresh prompt's chunks
         self.held += 1
         return KeptConversation(target, (), None)
 

@@ -1,6 +1,6 @@
-"""A conversation's next turn on a kept session: only the new positions are computed, and the tokens are
-those of a fresh session (the scripted target answers from the tokens it holds, so a wrong rewind or a
-wrong suffix changes them)."""
+"""A conversation's next turn on a kept session: only positions a fresh prompt computes alike are reused (whole
+chunks of earlier prompts), the rest is computed, and the tokens are those of a fresh session (the scripted target
+answers from the tokens it holds, so a wrong rewind or a wrong suffix changes them)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def _answer(target: ResumableTarget, prompt: list[int], n: int) -> list[int]:
     return asyncio.run(go())
 
 
-def test_next_turn_computes_only_its_new_positions_and_answers_as_a_fresh_session() -> None:
+def test_next_turn_reuses_the_whole_chunks_of_earlier_prompts_and_answers_as_a_fresh_session() -> None:
     inner = ScriptedTarget()
-    target = ResumableTarget(inner, GREEDY)
+    target = ResumableTarget(inner, GREEDY, grid=4)
     first_prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
     first = _answer(target, first_prompt, 40)
     assert first == plain_greedy(first_prompt, 40)
@@ -47,41 +47,69 @@ def test_next_turn_computes_only_its_new_positions_and_answers_as_a_fresh_sessio
     # The last step's rejected drafts are part of what is held: the next prompt shares less than all of it.
     shared = first_prompt + first
     assert target.held[: len(shared) - 1] == shared[:-1]
+    # the answer's positions were computed a step at a time, not as a prompt's chunks: only 8 are settled
+    assert target.settled == 8
 
     second_prompt = [*shared, 9, 9, 4]
     before = inner.computed
+    assert target.reusable(second_prompt) == 8
     target.resume()
     assert _answer(target, second_prompt, 1) == plain_greedy(second_prompt, 1)  # the prompt's step alone
-    assert target.reused >= len(shared) - 1
-    assert inner.computed - before == len(second_prompt) - target.reused
+    assert target.reused == 8
+    assert inner.computed - before == len(second_prompt) - 8
+    assert target.settled == len(second_prompt) - len(second_prompt) % 4
 
     target.resume()  # the same turn again, on the state the step above left
     assert _answer(target, second_prompt, 30) == plain_greedy(second_prompt, 30)
-    assert target.reused == len(second_prompt) - 1
+    assert target.reused == len(second_prompt) - len(second_prompt) % 4
     assert target.held == inner.held
 
 
+def test_a_resumed_prompt_starts_at_a_chunk_boundary_and_what_is_settled_follows_what_was_computed() -> None:
+    target = ResumableTarget(ScriptedTarget(), GREEDY, grid=4)
+    asyncio.run(target.step(list(range(1, 11)), 0, last_only=True))  # a prompt of 10: two whole chunks
+    assert target.settled == 8
+    asyncio.run(target.step([11, 12, 13], 0, last_only=False))  # decoding: computed otherwise than a prompt
+    assert target.settled == 8 and target.reusable(list(range(1, 20))) == 8
+    asyncio.run(target.step([30], 7, last_only=False))  # a rewind below the settled positions unsettles them
+    assert target.settled == 6 and target.reusable(list(range(1, 20))) == 4
+    asyncio.run(target.step([7, 8], 0, last_only=True))  # a prompt that starts off a boundary settles nothing
+    assert target.settled == 6 and target.reusable(list(range(1, 20))) == 4
+
+    nothing = ResumableTarget(ScriptedTarget(), GREEDY, grid=0)  # prompts as one step: nothing is reusable
+    asyncio.run(nothing.step(list(range(1, 11)), 0, last_only=True))
+    assert nothing.settled == 0 and nothing.reusable(list(range(1, 20))) == 0
+
+    replay = ResumableTarget(ScriptedTarget(), GREEDY, grid=4)  # after a replay the answer goes on from all it holds
+    asyncio.run(replay.step(list(range(1, 11)), 0, last_only=True))
+    asyncio.run(replay.step([11, 12], 0, last_only=False))
+    replay.resume(whole=True)
+    asyncio.run(replay.step(list(range(1, 14)), 0, last_only=True))
+    assert replay.reused == 12
+
+
 @pytest.mark.parametrize(
-    ("prompt", "expected"),
+    ("prompt", "common", "expected"),
     [
-        ([1, 2, 3, 4, 5, 6, 7, 8], 7),  # exactly what is held: the last position is computed again for its readout
-        ([1, 2, 3], 2),  # shorter than what is held
-        ([1, 2, 11, 11, 11, 11, 11, 11, 11, 11], 2),  # parts early
-        ([5, 5, 5], 0),  # shares nothing
+        ([1, 2, 3, 4, 5, 6, 7, 8], 7, 6),  # exactly what is held: the last position is computed again, its chunk too
+        ([1, 2, 3], 2, 2),  # shorter than what is held
+        ([1, 2, 11, 11, 11, 11, 11, 11, 11, 11], 2, 2),  # parts early
+        ([1, 2, 3, 11, 11, 11], 3, 2),  # parts within a chunk: from its start
+        ([5, 5, 5], 0, 0),  # shares nothing
     ],
 )
-def test_resumed_prompt_gives_the_tokens_of_a_fresh_session(prompt: list[int], expected: int) -> None:
+def test_resumed_prompt_gives_the_tokens_of_a_fresh_session(prompt: list[int], common: int, expected: int) -> None:
     inner = ScriptedTarget()
-    target = ResumableTarget(inner, GREEDY)
+    target = ResumableTarget(inner, GREEDY, grid=2)
     asyncio.run(target.step([1, 2, 3, 4, 5, 6, 7, 8], 0, last_only=True))
-    assert target.common_prefix(prompt) == expected
+    assert target.common_prefix(prompt) == common
     target.resume()
     assert _answer(target, prompt, 25) == plain_greedy(prompt, 25)
     assert target.reused == expected
 
 
 def test_a_resumed_prompt_is_sent_whole() -> None:
-    target = ResumableTarget(ScriptedTarget(), GREEDY)
+    target = ResumableTarget(ScriptedTarget(), GREEDY, grid=4)
     asyncio.run(target.step([1, 2, 3], 0, last_only=True))
     target.resume()
     with pytest.raises(ValueError, match="no rewind"):
@@ -103,7 +131,7 @@ class StepRecorder(ScriptedTarget):
 def test_a_replay_sends_the_answered_steps_as_they_were_and_the_answer_goes_on() -> None:
     async def go() -> None:
         lost = StepRecorder()
-        target = ResumableTarget(lost, GREEDY)
+        target = ResumableTarget(lost, GREEDY, grid=4)
         prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
         sent = [
             t
@@ -122,7 +150,7 @@ def test_a_replay_sends_the_answered_steps_as_they_were_and_the_answer_goes_on()
         fresh = StepRecorder()
         replayed = await target.replay_into(fresh)
         assert fresh.steps == lost.steps and fresh.held == lost.held and replayed.held == target.held
-        replayed.resume()  # the answer goes on from its history: only its last token is fed again
+        replayed.resume(whole=True)  # the answer goes on from its history: only its last token is fed again
         more = [
             t
             async for t in decode(
