@@ -5,6 +5,7 @@ Parts, in start order (stopped in reverse):
 - the stage server: this PC's stages on the ring (``agent.node.server``);
 - the chat service, when the agent heads its PC's chats (``agent.chat.service``);
 - the OpenAI-style API in front of those chats (``agent.chat.openai_http``);
+- the agent's own metrics endpoint, chats or not (``agent.metrics.endpoint``);
 - fleet membership (``discovery.service``): mDNS, seeds, gossip and the members' control links, which
   come in through the stage server's port;
 - for an agent of a self-forming fleet (started without an export, the normal way): the fleet plan
@@ -26,6 +27,7 @@ import importlib.metadata
 import logging
 import secrets
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -47,6 +49,7 @@ from agent.runtime.stage import CompiledStage
 from agent.transport.connection import FrameConnection
 from agent.transport.listen import check_can_listen
 from agent.transport.network import Network, TlsNetwork
+from agent.transport.tls import server_context
 from agent.wire.frames import PROTOCOL_VERSION
 from agent.wire.messages import Hello
 from discovery.announcement import Announcement, HeldStage
@@ -107,6 +110,7 @@ class DaemonAddresses:
     ring: tuple[str, int]
     chat: tuple[str, int] | None = None
     http: tuple[str, int] | None = None
+    metrics: tuple[str, int] | None = None
 
 
 class Daemon:
@@ -124,12 +128,14 @@ class Daemon:
         load_tokenizer: Callable[[Path], ChatTokenizer] | None = None,
         fleet: FleetParts | None = None,
         donor_sense: Callable[[], Readings] | None = None,
+        metrics_tls: ssl.SSLContext | None = None,
     ) -> None:
         """``network``: how the agent reaches and accepts peers (``TlsNetwork.of(identity)``: see
         :meth:`build`); ``load_tokenizer``: reads the export's tokenizer (default: ``ChatTokenizer``);
         ``fleet``: the plan this agent follows (then its stages and ring come from the plan, and a
         ``RingFormer`` joins the parts; their membership and plan must be among ``parts``); ``donor_sense``: a
-        donor's readings of its PC (default: this PC's idle source, battery, load and memory)."""
+        donor's readings of its PC (default: this PC's idle source, battery, load and memory); ``metrics_tls``: the
+        server context of a metrics endpoint off loopback (the fleet's mutual TLS: see :meth:`build`)."""
         if manifest is not None:
             _check_ring_flags(config, manifest)
         self.config = config
@@ -152,6 +158,19 @@ class Daemon:
 
                 self.http = OpenAIEndpoint(self.chats, config.http, render_metrics(self.server.status), CONTENT_TYPE)
                 self._section("http", self.http.status)
+        self.metrics = None
+        if config.metrics is not None:
+            from agent.metrics.endpoint import MetricsEndpoint
+            from agent.metrics.exposition import CONTENT_TYPE, render_metrics
+
+            if metrics_tls is None and not _loopback(config.metrics[0]):
+                raise ConfigError(
+                    f"a metrics endpoint on {config.metrics[0]} is for the fleet: it needs the fleet's TLS (this "
+                    "agent's identity); listen on loopback for this PC alone"
+                )
+            render = render_metrics(self.server.status)
+            self.metrics = MetricsEndpoint(render, CONTENT_TYPE, config.metrics, node, metrics_tls)
+            self._section("metrics", self.metrics.status)
         self.parts: list[DaemonPart] = list(parts)
         if fleet is not None:
             former = RingFormer(config, fleet.plan, fleet.membership, self.server, fleet.source, self.chats)
@@ -219,8 +238,19 @@ class Daemon:
 
             fleet = FleetParts(membership, FleetPlanService(membership, load_manifest), source)
             own.append(fleet.plan)
+        metrics_tls = None
+        if config.metrics is not None and not _loopback(config.metrics[0]):
+            metrics_tls = server_context(identity)  # only a fleet member's certificate scrapes it
         daemon = cls(
-            config, identity.name, manifest, stages, network, [*own, *parts], fleet=fleet, donor_sense=donor_sense
+            config,
+            identity.name,
+            manifest,
+            stages,
+            network,
+            [*own, *parts],
+            fleet=fleet,
+            donor_sense=donor_sense,
+            metrics_tls=metrics_tls,
         )
         membership.on_duplicate = daemon.fail
         return daemon
@@ -230,6 +260,10 @@ class Daemon:
         try:
             ring = await self.server.start()
             self._started.append(self.server.stop)
+            metrics = None
+            if self.metrics is not None:
+                metrics = await self.metrics.start()
+                self._started.append(self.metrics.stop)
             chat = http = None
             if self.chats is not None:
                 http_url = None
@@ -245,7 +279,7 @@ class Daemon:
         except BaseException:
             await self.stop()
             raise
-        self.addresses = DaemonAddresses(ring, chat, http)
+        self.addresses = DaemonAddresses(ring, chat, http, metrics)
         return self.addresses
 
     async def stop(self) -> None:
@@ -275,9 +309,18 @@ class Daemon:
         return f"shoal agent: ready node={self.node} listen={addresses.ring[0]}:{addresses.ring[1]} {held}{chat}"
 
 
+def _loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.")
+
+
 def _check_addresses(config: AgentConfig) -> None:
     """Refuse, as starting would, the addresses this agent listens on that it cannot have (in use, not ours)."""
-    wanted = [(config.listen, "the ring"), (config.chat, "the chat endpoint"), (config.http, "the HTTP API")]
+    wanted = [
+        (config.listen, "the ring"),
+        (config.chat, "the chat endpoint"),
+        (config.http, "the HTTP API"),
+        (config.metrics, "the metrics endpoint"),
+    ]
     for address, what in wanted:
         if address is not None:
             check_can_listen(address, what)
@@ -307,7 +350,7 @@ def _membership(
 ) -> MembershipService:
     """This agent's fleet membership: what it announces, and how it finds the others."""
     host = config.listen[0]
-    loopback = host in LOOPBACK or host.startswith("127.")
+    loopback = _loopback(host)
     mdns = config.mdns and not loopback
     if config.mdns and loopback:
         log.info("node=%s listens on loopback only: no mDNS (peers come from --peer)", identity.name)

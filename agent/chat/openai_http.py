@@ -30,6 +30,7 @@ from agent.chat.openai_request import parse_openai
 from agent.chat.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent, TokenLogprob
 from agent.chat.watch import ClientWatch
 from agent.errors import HTTPError
+from agent.transport.http import read_request, request_begins, send, send_body
 from agent.transport.listen import listen_tcp
 from agent.transport.tasks import OwnedTasks
 
@@ -100,11 +101,11 @@ class OpenAIEndpoint:
                 try:
                     try:
                         async with asyncio.timeout(IDLE_TIMEOUT):  # a kept-alive client's next request
-                            await _request_begins(connection, reader)
+                            await request_begins(connection, reader)
                     except (TimeoutError, EOFError):
                         return
                     async with asyncio.timeout(READ_TIMEOUT):
-                        request, body = await _read_request(connection, reader)
+                        request, body = await read_request(connection, reader, MAX_LINE_BYTES)
                     self.requests += 1
                     watch = ClientWatch.start(reader)  # the client sends nothing more until its answer is whole
                     await self._route(connection, writer, request, body)
@@ -162,7 +163,7 @@ class OpenAIEndpoint:
             return
         if request.method == b"GET" and path == "/metrics" and self._metrics is not None:
             exposition = await asyncio.get_running_loop().run_in_executor(None, self._metrics)
-            await _send_body(connection, writer, 200, self._metrics_type, exposition)
+            await send_body(connection, writer, 200, self._metrics_type, exposition)
             return
         completion = path == "/v1/completions"
         if request.method != b"POST" or path not in ("/v1/chat/completions", "/v1/completions"):
@@ -234,7 +235,7 @@ class OpenAIEndpoint:
                 raise _AnswerError(event.code, event.text)  # nothing sent yet: a proper status
             if not started:
                 headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
-                await _send(writer, connection.send(h11.Response(status_code=200, headers=headers)))
+                await send(writer, connection.send(h11.Response(status_code=200, headers=headers)))
                 if not reply.completion:
                     await _send_event(connection, writer, reply.chunk({"role": "assistant", "content": ""}))
                 started = True
@@ -253,8 +254,8 @@ class OpenAIEndpoint:
                 if include_usage:  # the last chunk says it too, as the finish chunk does
                     usage = {**reply.chunk({}), "choices": [], "usage": _usage(event.stats), **_exact(event.stats)}
                     await _send_event(connection, writer, usage)
-                await _send(writer, connection.send(h11.Data(data=b"data: [DONE]\n\n")))
-        await _send(writer, connection.send(h11.EndOfMessage()))
+                await send(writer, connection.send(h11.Data(data=b"data: [DONE]\n\n")))
+        await send(writer, connection.send(h11.EndOfMessage()))
 
 
 @dataclass(frozen=True)
@@ -337,63 +338,15 @@ def _error_body(code: str, message: str, param: str | None = None) -> dict[str, 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-async def _request_begins(connection: h11.Connection, reader: asyncio.StreamReader) -> None:
-    """Wait for the first bytes of the next request (already buffered ones count); ``EOFError`` if the client
-    closed its kept-alive connection instead, as pooled clients do."""
-    if connection.trailing_data[0] or connection.their_state is not h11.IDLE:
-        return
-    data = await reader.read(65536)
-    if not data:
-        raise EOFError
-    connection.receive_data(data)
-
-
-async def _read_request(connection: h11.Connection, reader: asyncio.StreamReader) -> tuple[h11.Request, bytes]:
-    request: h11.Request | None = None
-    body = bytearray()
-    while True:
-        event = connection.next_event()
-        if event is h11.NEED_DATA:
-            data = await reader.read(65536)
-            connection.receive_data(data)  # b"" marks the end of the stream; h11 then reports the problem
-            continue
-        if isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_LINE_BYTES:
-                raise HTTPError("too_large", f"request body over {MAX_LINE_BYTES} bytes")
-        elif isinstance(event, h11.EndOfMessage):
-            assert request is not None
-            return request, bytes(body)
-        elif isinstance(event, h11.ConnectionClosed):
-            raise ConnectionError("the client closed the connection before its request was complete")
-
-
 async def _send_json(
     connection: h11.Connection, writer: asyncio.StreamWriter, status: int, body: dict[str, Any]
 ) -> None:
-    await _send_body(connection, writer, status, "application/json", json.dumps(body, ensure_ascii=False).encode())
-
-
-async def _send_body(
-    connection: h11.Connection, writer: asyncio.StreamWriter, status: int, content_type: str, payload: bytes
-) -> None:
-    headers = [("content-type", content_type), ("content-length", str(len(payload)))]
-    await _send(writer, connection.send(h11.Response(status_code=status, headers=headers)))
-    await _send(writer, connection.send(h11.Data(data=payload)))
-    await _send(writer, connection.send(h11.EndOfMessage()))
+    await send_body(connection, writer, status, "application/json", json.dumps(body, ensure_ascii=False).encode())
 
 
 async def _send_event(connection: h11.Connection, writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
     data = b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
-    await _send(writer, connection.send(h11.Data(data=data)))
-
-
-async def _send(writer: asyncio.StreamWriter, data: bytes | None) -> None:
-    if data:
-        writer.write(data)
-        await writer.drain()
+    await send(writer, connection.send(h11.Data(data=data)))
 
 
 def _usage(stats: dict[str, Any]) -> dict[str, Any]:

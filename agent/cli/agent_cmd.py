@@ -33,6 +33,7 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "verify": False if args.no_verify else None,
         "chat": args.chat,
         "http": args.http,
+        "metrics": args.metrics,
         "chat_file": args.chat_file,
         "ring_first": args.ring_first,
         "ring_last": args.ring_last,

@@ -229,6 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --chat: also an OpenAI-style API (/v1/chat/completions) on this loopback address",
     )
     p.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="Prometheus /metrics of this agent, stage-only ones too: plain HTTP on loopback (e.g. 127.0.0.1:9464), "
+        "HTTPS requiring a fleet certificate on any other address",
+    )
+    p.add_argument(
         "--chat-file",
         type=Path,
         default=None,

@@ -37,7 +37,7 @@ class StatusCollector(Collector):
         chat = status.get("chat")
         if isinstance(chat, Mapping):
             yield from _chat_metrics(chat, node)
-        yield _errors(chat if isinstance(chat, Mapping) else {}, status.get("http") or {}, node)
+        yield _errors([status.get(section) for section in ("chat", "http", "metrics")], node)
         if isinstance(members := status.get("members"), Mapping):
             yield from _member_metrics(members, node)
         if isinstance(plan := status.get("plan"), Mapping):
@@ -145,15 +145,17 @@ def _chat_metrics(chat: Mapping[str, Any], node: str) -> Iterator[Metric]:
     )
 
 
-def _errors(chat: Mapping[str, Any], http: Mapping[str, Any], node: str) -> Metric:
+def _errors(sections: list[Any], node: str) -> Metric:
     """Every refusal, by code: answers that ended in an error and requests the chat endpoint refused (the chat
-    service's count), and requests the HTTP API refused before an answer began (its own)."""
+    service's count), requests the HTTP API refused before an answer began, and those the metrics endpoint
+    refused (each section's own ``refused``)."""
     counts: Counter[str] = Counter()
-    for refused in (chat.get("refused"), http.get("refused")):
-        counts.update(refused or {})
+    for section in sections:
+        if isinstance(section, Mapping):
+            counts.update(section.get("refused") or {})
     errors = CounterMetricFamily(
         "shoal_chat_errors",
-        "Chat and API requests refused, and answers that ended in an error, by code.",
+        "Requests refused (chat endpoint, API, metrics endpoint) and answers that ended in an error, by code.",
         labels=["node", "code"],
     )
     for code, count in sorted(counts.items()):

@@ -57,6 +57,9 @@ class AgentConfig:
     conversations asked of it there. None: no chats."""
     http: tuple[str, int] | None = None
     """Loopback address of an OpenAI-style HTTP API for the same chats (``agent.chat.openai_http``)."""
+    metrics: tuple[str, int] | None = None
+    """Address of this agent's own Prometheus ``/metrics`` endpoint (``agent.metrics.endpoint``), for any agent,
+    a stage-only one included: plain HTTP on loopback, elsewhere HTTPS that requires a fleet certificate."""
     chat_file: Path | None = None
     """Where the chat endpoint's address and access token are written for local clients."""
     ring_first: tuple[str, int] | None = None
@@ -259,6 +262,7 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "verify": _flag,
     "chat": _address,
     "http": _address,
+    "metrics": _address,
     "chat_file": _path,
     "ring_first": _address,
     "ring_last": _address,
@@ -299,7 +303,8 @@ def load_agent_config(
 
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, prefill_attention, rewind, cache_dir, max_sessions, max_payload,
-    wire_dtype, verify, chat, http, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep, chat_keep_max,
+    wire_dtype, verify, chat, http, metrics, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep,
+    chat_keep_max,
     heartbeat_interval, link_timeout, step_timeout, prefill_chunk, peers (list of ``HOST:PORT``), mdns,
     lost_after, shards_dir, offer_mb, speed, donor (true, or a table: ``agent.donor.policy.DonorSettings``).
     """

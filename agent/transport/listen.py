@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 
 from agent.errors import ConfigError
@@ -12,12 +13,15 @@ from agent.errors import ConfigError
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-async def listen_tcp(handler: Handler, address: tuple[str, int], what: str, **options: int) -> asyncio.Server:
-    """``asyncio.start_server`` on ``address``; an address in use or not on this PC raises ``ConfigError``
-    naming ``what`` listens there (the ring, the chat endpoint, the HTTP API) instead of an ``OSError``."""
+async def listen_tcp(
+    handler: Handler, address: tuple[str, int], what: str, tls: ssl.SSLContext | None = None, **options: int
+) -> asyncio.Server:
+    """``asyncio.start_server`` on ``address`` (``tls``: TLS on every connection, handshake done before
+    ``handler``); an address in use or not on this PC raises ``ConfigError`` naming ``what`` listens there (the
+    ring, the chat endpoint, the HTTP API) instead of an ``OSError``."""
     host, port = address
     try:
-        return await asyncio.start_server(handler, host, port, **options)
+        return await asyncio.start_server(handler, host, port, ssl=tls, **options)
     except OSError as exc:
         raise _cannot_listen(what, address, exc) from exc
 
