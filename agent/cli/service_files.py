@@ -70,7 +70,7 @@ def packaging_dir() -> Path:
     for file in files:
         posix = file.as_posix()
         if posix.endswith(_SHARE + TEMPLATES["linux"]):
-            return Path(str(file.locate())).parents[1]
+            return Path(str(file.locate())).resolve().parents[1]
     checkout = Path(__file__).resolve().parents[2] / "packaging"
     if (checkout / TEMPLATES["linux"]).is_file():
         return checkout

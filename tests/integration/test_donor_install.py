@@ -1,14 +1,17 @@
-"""A donor PC's install: ``pip install shoal`` with no extras gives a ``shoal agent``, ``shoal ask`` and
-``shoal status`` that serve and answer through a ring, with no torch, transformers, nncf, optimum or
-openvino-genai.
+"""A donor PC's install: shoal with no extras gives a ``shoal agent``, ``shoal ask`` and ``shoal status`` that
+serve and answer through a ring, with no torch, transformers, nncf, optimum or openvino-genai, and a
+``shoal service install`` that finds its templates in the wheel.
 
-The virtualenv is made from this checkout once per session (pip from the package registry's cache); the
-export it serves comes from the full install, as an admin's export would reach a donor.
+The virtualenv is made once per session the locked way of packaging/README.md: the wheel and sdist built from
+this checkout (``python -m build``: the wheel from the sdist, so the sdist is complete), the lock's pinned and
+hashed dependencies (``pip install --require-hashes -r packaging/requirements-donor.txt``), then the wheel with
+``--no-deps``. The export it serves comes from the full install, as an admin's export would reach a donor.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import venv
@@ -25,18 +28,66 @@ EXPORT_ONLY = ("torch", "transformers", "nncf", "optimum", "openvino_genai")
 
 
 @pytest.fixture(scope="session")
-def donor_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv with ``pip install <this checkout>`` and nothing else.
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder holding the sdist and the wheel that ``python -m build`` makes of this checkout."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], check=True, timeout=600, capture_output=True
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def donor_venv(tmp_path_factory: pytest.TempPathFactory, built: Path) -> Path:
+    """A fresh virtualenv with the donor lock's packages and the built wheel, nothing else.
 
     The venv gets no pip of its own (ensurepip takes seconds): this environment's pip installs into it
-    (``pip --python``), resolving the same requirements; ``--no-compile`` leaves byte-compiling to the imports.
+    (``pip --python``); ``--no-compile`` leaves byte-compiling to the imports.
     """
     root = tmp_path_factory.mktemp("donor") / "venv"
     venv.create(root, with_pip=False)
     pip = [sys.executable, "-m", "pip", "--python", str(root / "bin" / "python"), "install", "-q"]
     pip += ["--disable-pip-version-check", "--no-compile"]
-    subprocess.run([*pip, str(REPO)], check=True, timeout=900, capture_output=True, cwd=root.parent)
+    lock = REPO / "packaging" / "requirements-donor.txt"
+    subprocess.run([*pip, "--require-hashes", "-r", str(lock)], check=True, timeout=900, capture_output=True)
+    (wheel,) = built.glob("shoal-*.whl")
+    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=300, capture_output=True)
     return root
+
+
+def test_the_sdist_and_the_wheel_carry_the_service_templates(built: Path) -> None:
+    import tarfile
+    import zipfile
+
+    templates = ["linux/shoal-agent.service", "macos/local.shoal.agent.plist", "windows/shoal-agent.xml"]
+    (wheel,) = built.glob("shoal-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert all(any(n.endswith(f".data/data/share/shoal/packaging/{t}") for n in names) for t in templates), names
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "packaging/"))]
+    (sdist,) = built.glob("shoal-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        members = archive.getnames()
+    assert all(any(m.endswith(f"/packaging/{t}") for m in members) for t in templates), members
+
+
+def test_the_wheel_installed_by_the_lock_runs_and_plans_its_service(donor_venv: Path, tmp_path: Path) -> None:
+    shoal = str(donor_venv / "bin" / "shoal")
+    version = subprocess.run([shoal, "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.strip() == "shoal 0.1.0", version
+    identity = tmp_path / "identity"
+    identity.mkdir()
+    (identity / "cert.pem").write_text("not read by a dry run", encoding="utf-8")
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}
+    dry = subprocess.run(
+        [shoal, "service", "install", "--identity", str(identity), "--dry-run"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    unit = tmp_path / ".config" / "systemd" / "user" / "shoal-agent.service"
+    assert f"=== would write {unit}:" in dry.stdout
+    python = donor_venv / "bin" / "python"
+    assert f"ExecStart={python} -m agent.cli.main agent --identity {identity} --config " in dry.stdout
+    assert not unit.exists()
 
 
 def _size_mb(folder: Path) -> float:
