@@ -258,3 +258,24 @@ def test_the_starter_settings_are_settings_the_agent_takes(tmp_path: Path) -> No
     (tmp_path / "agent.toml").write_text(STARTER_CONFIG, encoding="utf-8")
     config = load_agent_config(tmp_path / "agent.toml", {"identity_dir": tmp_path, "chat_file": tmp_path / "c.json"})
     assert config.listen == ("0.0.0.0", 7100) and config.chat == ("127.0.0.1", 0) and config.donor is not None
+
+
+def test_status_tells_a_running_agent_from_a_record_left_by_a_dead_one(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+
+    from agent.cli.service_cmd import agent_state
+
+    identity = tmp_path / "id"
+    identity.mkdir()
+    record = identity / "agent.json"
+    record.write_text(json.dumps({"node": "pc7", "listen": "127.0.0.1:9", "pid": os.getpid()}), encoding="utf-8")
+    alive = agent_state(identity)
+    assert alive.startswith(f"pid {os.getpid()} since ") and "not answering at 127.0.0.1:9" in alive
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    record.write_text(json.dumps({"node": "pc7", "listen": "127.0.0.1:9", "pid": gone.pid}), encoding="utf-8")
+    assert agent_state(identity).startswith(f"not running: its record names process {gone.pid}, which is gone")
+    record.unlink()
+    assert agent_state(identity) == f"no agent runs with the identity {identity}"
