@@ -143,10 +143,12 @@ class ChatProtocolError(ShoalError, ValueError):
 
 class HTTPError(ChatProtocolError):
     """A request to the OpenAI-style API is refused; ``code`` picks the HTTP status, ``param`` names the request
-    field at fault (OpenAI's error ``param``; None when no one field is)."""
+    field at fault (OpenAI's error ``param``; None when no one field is); ``answered``: the chat service answered
+    the request with this error (and counted it), the API did not refuse it."""
 
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+    def __init__(self, code: str, message: str, param: str | None = None, *, answered: bool = False) -> None:
         super().__init__(message, code, param)
+        self.answered = answered
 
 
 class ChatEndpointError(ShoalError):

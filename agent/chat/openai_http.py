@@ -111,7 +111,7 @@ class OpenAIEndpoint:
                     await self._route(connection, writer, request, body)
                 except HTTPError as exc:
                     log.warning("node=%s HTTP request refused: %s: %s", self.service.node, exc.code, exc)
-                    if not isinstance(exc, _AnswerError):
+                    if not exc.answered:
                         self.refused[exc.code] += 1
                     if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
                         return
@@ -213,7 +213,7 @@ class OpenAIEndpoint:
                 if event.logprobs is not None:
                     scored.append(event.logprobs)
             elif event.event == "error":
-                raise _AnswerError(event.code, event.text)
+                raise HTTPError(event.code, event.text, answered=True)
             elif event.event == "done":
                 text.append(event.text)
                 body = reply.body("".join(text), str(event.stats["finish_reason"]), scored)
@@ -232,7 +232,7 @@ class OpenAIEndpoint:
             if event.event == "progress":
                 continue  # OpenAI's stream has no such chunk; its clients wait for the first token
             if event.event == "error" and not started:
-                raise _AnswerError(event.code, event.text)  # nothing sent yet: a proper status
+                raise HTTPError(event.code, event.text, answered=True)  # nothing sent yet: a proper status
             if not started:
                 headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
                 await send(writer, connection.send(h11.Response(status_code=200, headers=headers)))
@@ -318,10 +318,6 @@ class _Reply:
 
 def _entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
-
-
-class _AnswerError(HTTPError):
-    """An error the chat service answered with (it counted it already)."""
 
 
 def _exact(stats: dict[str, Any]) -> dict[str, bool]:
