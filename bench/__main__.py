@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.prefill_bench import add_arguments as add_prefill_arguments
 
     add_prefill_arguments(b)
+    b = bench.add_parser(
+        "donor", help="a CPU-bound task alone and beside an agent serving chats as a donor's (nice 19, SCHED_IDLE)"
+    )
+    from bench.donor_bench import add_arguments as add_donor_arguments
+
+    add_donor_arguments(b)
     return parser
 
 
@@ -110,6 +116,10 @@ def _run_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         from bench.tui_bench import run_tui_bench
 
         return run_tui_bench(args, cache_dir)
+    if args.bench == "donor":
+        from bench.donor_bench import run_donor_bench
+
+        return run_donor_bench(args, cache_dir)
     if args.bench == "prefill":
         from bench.prefill_bench import run_bench_prefill
 
