@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from discovery.announcement import DONOR_STATES
 from discovery.membership import MemberState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,6 +43,8 @@ class StatusCollector(Collector):
             yield from _member_metrics(members, node)
         if isinstance(plan := status.get("plan"), Mapping):
             yield from _plan_metrics(plan, node)
+        if isinstance(donor := status.get("donor"), Mapping) and donor.get("state"):
+            yield _donor_metrics(donor, node)
 
 
 def render_metrics(status: StatusSource) -> Callable[[], bytes]:
@@ -188,6 +191,17 @@ def _plan_metrics(plan: Mapping[str, Any], node: str) -> Iterator[Metric]:
         sum(1 for s in stages if s.get("node") is None),
     )
     yield _gauge("shoal_plan_epoch", "The plan's epoch (raised by every new plan).", node, plan.get("epoch") or 0)
+
+
+def _donor_metrics(donor: Mapping[str, Any], node: str) -> Metric:
+    family = GaugeMetricFamily(
+        "shoal_donor_state",
+        "1 for what this donor PC does now (serving; draining, away or off: its owner is back or it may not serve).",
+        labels=["node", "state"],
+    )
+    for state in DONOR_STATES:
+        family.add_metric([node, state], 1 if donor.get("state") == state else 0)
+    return family
 
 
 def _bound(value: float) -> str:

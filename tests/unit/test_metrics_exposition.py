@@ -52,3 +52,10 @@ def test_the_stages_figures_add_the_chats_own_in_process_work_to_the_rings() -> 
     assert samples["shoal_stage_steps_total"] == 10 and samples["shoal_stage_compute_seconds_total"] == 1.5
     assert samples["shoal_chat_errors_total{code=bad_request}"] == 3
     assert samples["shoal_chat_errors_total{code=not_found}"] == 1
+
+
+def test_a_donor_says_what_it_does_now_and_an_agent_that_is_no_donor_says_nothing() -> None:
+    samples = _samples({"node": "n3", "donor": {"state": "away", "reason": "keyboard or mouse used 2 s ago"}})
+    assert samples["shoal_donor_state{state=away}"] == 1
+    assert samples["shoal_donor_state{state=serving}"] == 0 and samples["shoal_donor_state{state=off}"] == 0
+    assert not any(name.startswith("shoal_donor") for name in _samples({"node": "n3"}))
