@@ -53,6 +53,12 @@ class ArchSpec:
     def from_json(cls, data: dict[str, Any]) -> ArchSpec:
         return cls(**data)
 
+    def kv_bytes_per_token(self, num_layers: int) -> int:
+        """Bytes one position of the KV cache takes in ``num_layers`` layers: a key and a value per KV head, of
+        two bytes an element (the CPU plugin keeps the cache in its inference precision, bf16 or f16, by
+        default; f32 doubles it)."""
+        return 2 * num_layers * self.num_kv_heads * self.head_dim * 2
+
     def layer_param_count(self) -> int:
         """Parameters of one decoder layer (for memory estimates)."""
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
@@ -60,18 +66,24 @@ class ArchSpec:
         return attn + 3 * h * self.intermediate_size + 2 * h
 
 
+def attention_window(config: Any) -> int | None:
+    """The sliding window a model's attention keeps to, in tokens (None: it attends to the whole context)."""
+    window = getattr(config, "sliding_window", None)
+    # Qwen2 configs carry a window they use only with use_sliding_window; Mistral's is always in force
+    in_force = getattr(config, "model_type", None) == "mistral" or getattr(config, "use_sliding_window", False)
+    return int(window) if in_force and window is not None else None
+
+
 def check_attention_window(config: Any, context_tokens: int) -> None:
     """Refuse a model whose sliding-window attention the export's context could exceed: shoal's stage graphs
     attend to the whole context, so beyond the window their answers would not be the model's. A window at
     least as long as the context changes nothing and is accepted (Mistral 7B v0.1: 4096 tokens)."""
-    window = getattr(config, "sliding_window", None)
-    # Qwen2 configs carry a window they use only with use_sliding_window; Mistral's is always in force
-    in_force = getattr(config, "model_type", None) == "mistral" or getattr(config, "use_sliding_window", False)
-    if in_force and window is not None and int(window) < context_tokens:
+    window = attention_window(config)
+    if window is not None and window < context_tokens:
         raise UnsupportedModelError(
-            f"{config.model_type} with sliding-window attention over {window} tokens is not supported: the "
-            f"export's {context_tokens}-token context exceeds the window, and shoal's stage graphs attend to the "
-            "whole context (its answers would differ from the model's beyond the window)"
+            f"{config.model_type} with sliding-window attention over {window} tokens is not supported with a "
+            f"{context_tokens}-token context: shoal's stage graphs attend to the whole context (beyond the window "
+            f"their answers would differ from the model's); export with --context {window} or less"
         )
 
 

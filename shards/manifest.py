@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,8 @@ class Manifest:
     def __post_init__(self) -> None:
         if self.format_version not in READABLE_FORMATS:
             raise ManifestError(_unsupported(self.format_version))
+        if self.context_tokens < 1:
+            raise ManifestError(f"a context of {self.context_tokens} tokens holds no prompt")
         if not self.stages:
             raise ManifestError("manifest lists no stages")
         expected = 0
@@ -132,6 +134,17 @@ class Manifest:
             raise ManifestError(f"stages cover {expected} of {self.arch.num_layers} layers")
         if not self.stages[0].embeddings or not self.stages[-1].head:
             raise ManifestError("the first stage must hold the embeddings and the last the LM head")
+
+    def with_context(self, context_tokens: int) -> Manifest:
+        """This export at another context: the graphs take any number of positions (rotary phases are computed
+        from ``position_ids`` in the graph), so only the manifest's context and memory estimates change."""
+
+        def resized(graph: GraphEntry) -> GraphEntry:
+            return replace(graph, memory_bytes=graph.weights_bytes + graph.kv_bytes_per_token * context_tokens)
+
+        draft = None if self.draft is None else replace(self.draft, graph=resized(self.draft.graph))
+        stages = tuple(resized(s) for s in self.stages)
+        return replace(self, context_tokens=context_tokens, stages=stages, draft=draft)
 
     @property
     def export_id(self) -> str:

@@ -29,6 +29,7 @@ def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
         self_draft_layers=args.self_draft,
         force=args.force,
         layers=args.layers,
+        context_tokens=args.context,
     )
     with exit_on_sigterm() as terminated:
         try:
@@ -46,6 +47,7 @@ def run_export(args: argparse.Namespace, cache_dir: Path) -> int:
         )
     if manifest.draft:
         print(f"draft ({manifest.draft.source}): {manifest.draft.graph.weights_bytes / 1e6:.1f} MB", file=sys.stderr)
+    print(context_line(manifest, chosen=args.context is not None), file=sys.stderr)
     print(f"export ready: {args.out}", file=sys.stderr)
     return 0
 
@@ -63,3 +65,22 @@ def export_unless_current(
     from shards.export.exporter import export
 
     return export(request, cache_dir, stop_requested=stop_requested)
+
+
+def context_line(manifest: Manifest, chosen: bool) -> str:
+    """The export's context, why it is that long (``chosen``: ``--context`` said so), and what a session costs."""
+    from shards.export.request import KV_BUDGET_BYTES, default_context
+
+    context, own = manifest.context_tokens, manifest.arch.max_position_embeddings
+    kv = max(stage.kv_bytes_per_token for stage in manifest.stages) * context
+    if chosen:
+        why = "as --context asked"
+    elif context == own:
+        why = "the model's own"
+    elif context == default_context(manifest.arch, [stage.layers for stage in manifest.stages]):
+        budget = f"{KV_BUDGET_BYTES / (1 << 30):g} GiB"
+        why = f"of the model's {own:,}: one session's KV cache kept within {budget} a stage; --context N chooses"
+    else:
+        why = f"of the model's {own:,}: its attention window"
+    mib = kv / (1 << 20)
+    return f"context: {context:,} tokens ({why}); one session's KV cache: {mib:,.0f} MiB on the largest stage"

@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N,N,...",
         help="layers per stage, first to last (default: the split planner balances them)",
     )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="positions a conversation may hold, prompt and answer (default: the model's own, cut so that one "
+        "session's KV cache stays within 1 GiB on each stage)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing different export")
 
     p = sub.add_parser("generate", help="answer one chat prompt through every stage of an export, in-process")

@@ -20,10 +20,10 @@ import torch
 from tqdm.auto import tqdm
 
 from agent.errors import ExportError
-from shards.architecture import ArchSpec, arch_spec_from_config, check_attention_window
+from shards.architecture import ArchSpec, arch_spec_from_config, attention_window, check_attention_window
 from shards.checkpoint import Checkpoint, open_checkpoint
 from shards.export.convert import compress_weights, make_stage_stateful, stage_io, trace_stage
-from shards.export.request import ExportRequest, current_export, layer_ranges, reusable
+from shards.export.request import ExportRequest, current_export, export_context, layer_ranges, reusable
 from shards.export.stage_model import StageModule, stage_weight_names
 from shards.export.tokenizer_files import write_tokenizer
 from shards.manifest import (
@@ -37,7 +37,6 @@ from shards.manifest import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONTEXT_TOKENS = 4096
 STEPS = ("load", "trace", "convert", "compress", "save")
 
 
@@ -62,12 +61,13 @@ def export(
         return existing
     checkpoint = open_checkpoint(request.source, cache_dir)
     spec = arch_spec_from_config(checkpoint.config)
-    check_attention_window(checkpoint.config, min(DEFAULT_CONTEXT_TOKENS, spec.max_position_embeddings))
     ranges = layer_ranges(request, spec)
+    context = export_context(request, spec, ranges, attention_window(checkpoint.config))
+    check_attention_window(checkpoint.config, context)
     if request.self_draft_layers is not None and not 1 <= request.self_draft_layers < spec.num_layers:
         raise ExportError(f"--self-draft must be between 1 and {spec.num_layers - 1} layers")
     revision = checkpoint.revision()
-    existing, replace = reusable(request, revision, ranges)
+    existing, replace = reusable(request, revision, ranges, context)
     if existing is not None:
         log.info("export %s is up to date, reusing it", request.out_dir)
         return existing
@@ -90,6 +90,7 @@ def export(
                     has_embeddings,
                     has_head,
                     request.weights,
+                    context,
                     staging,
                     progress,
                 )
@@ -97,12 +98,12 @@ def export(
         tokenizer_dir = staging / "tokenizer"
         tokenizer_dir.mkdir()
         write_tokenizer(checkpoint, revision, tokenizer_dir, cache_dir)
-        draft = _export_draft(request, checkpoint, spec, staging, cache_dir, progress)
+        draft = _export_draft(request, checkpoint, spec, context, staging, cache_dir, progress)
         manifest = Manifest(
             source=SourceInfo(id=checkpoint.source_id, kind=checkpoint.kind, revision=revision),
             arch=spec,
             weights=request.weights,
-            context_tokens=min(DEFAULT_CONTEXT_TOKENS, spec.max_position_embeddings),
+            context_tokens=context,
             stages=tuple(stages),
             tokenizer_files=tuple(FileEntry.of(staging, p) for p in sorted(tokenizer_dir.rglob("*")) if p.is_file()),
             draft=draft,
@@ -131,7 +132,13 @@ def _replace_dir(staging: Path, out: Path, force: bool) -> None:
 
 
 def _export_draft(
-    request: ExportRequest, checkpoint: Checkpoint, spec: ArchSpec, staging: Path, cache_dir: Path, progress: bool
+    request: ExportRequest,
+    checkpoint: Checkpoint,
+    spec: ArchSpec,
+    context: int,
+    staging: Path,
+    cache_dir: Path,
+    progress: bool,
 ) -> DraftEntry | None:
     if request.self_draft_layers:
         graph = _export_graph(
@@ -142,6 +149,7 @@ def _export_draft(
             True,
             True,
             request.weights,
+            context,
             staging,
             progress,
         )
@@ -158,6 +166,7 @@ def _export_draft(
             True,
             True,
             request.weights,
+            context,
             staging,
             progress,
         )
@@ -190,6 +199,7 @@ def _export_graph(
     has_embeddings: bool,
     has_head: bool,
     weights: str,
+    context: int,
     staging: Path,
     progress: bool,
 ) -> GraphEntry:
@@ -219,8 +229,7 @@ def _export_graph(
     files = tuple(FileEntry.of(staging, p) for p in sorted(folder.iterdir()))
     io = stage_io(has_embeddings, has_head)
     weights_bytes = sum(f.size for f in files if f.path.endswith(".bin"))
-    # the CPU plugin keeps the KV cache in the inference precision (bf16/f16: 2 bytes) by default
-    kv_per_token = 2 * len(layers) * spec.num_kv_heads * spec.head_dim * 2
+    kv_per_token = spec.kv_bytes_per_token(len(layers))
     return GraphEntry(
         name=name,
         xml=xml.relative_to(staging).as_posix(),
@@ -233,7 +242,7 @@ def _export_graph(
         files=files,
         weights_bytes=weights_bytes,
         kv_bytes_per_token=kv_per_token,
-        memory_bytes=weights_bytes + kv_per_token * min(DEFAULT_CONTEXT_TOKENS, spec.max_position_embeddings),
+        memory_bytes=weights_bytes + kv_per_token * context,
     )
 
 

@@ -23,6 +23,13 @@ from shards.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 log = logging.getLogger(__name__)
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
+KV_BUDGET_BYTES = 1 << 30
+"""The default context stops where one session's KV cache would pass 1 GiB on a stage (estimated in bf16, as the
+CPU plugin keeps it): with its weights, a stage still fits an office PC of 8-16 GB. SmolLM2 (8,192 positions)
+and Qwen2.5-Coder-1.5B (32,768) keep their own context on one stage; Llama 3.1 8B (131,072) gets 16,384 on two
+stages. ``--context`` chooses another."""
+CONTEXT_STEP = 1024
+"""A context the budget cuts is rounded down to a multiple of this (and is never less)."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,12 @@ class ExportRequest:
     force: bool = False
     layers: tuple[int, ...] | None = None
     """Layers per stage as pinned by an admin (None: the split planner decides)."""
+    context_tokens: int | None = None
+    """Positions a session may hold, prompt and answer (None: :func:`default_context`)."""
 
     def __post_init__(self) -> None:
+        if self.context_tokens is not None and self.context_tokens < 1:
+            raise ExportError(f"--context must be a positive number of tokens, not {self.context_tokens}")
         if self.layers is not None and len(self.layers) != self.stages:
             raise ExportError(f"--layers names {len(self.layers)} stages, --stages {self.stages}")
         if self.weights not in WEIGHT_FORMATS:
@@ -59,9 +70,36 @@ def _split_text(ranges: list[range]) -> str:
     return "/".join(str(len(r)) for r in ranges)
 
 
-def reusable(request: ExportRequest, revision: str, ranges: list[range]) -> tuple[Manifest | None, bool]:
+def default_context(spec: ArchSpec, ranges: list[range], window: int | None = None) -> int:
+    """The context of an export made without ``--context``: the model's own (``max_position_embeddings``, or its
+    attention ``window`` if shorter), cut so that one session's KV cache stays within :data:`KV_BUDGET_BYTES` on
+    the stage of ``ranges`` holding the most layers."""
+    largest = max(spec.kv_bytes_per_token(len(r)) for r in ranges)
+    fits = max(CONTEXT_STEP, KV_BUDGET_BYTES // largest // CONTEXT_STEP * CONTEXT_STEP)
+    own = spec.max_position_embeddings if window is None else min(window, spec.max_position_embeddings)
+    return min(own, fits)
+
+
+def export_context(request: ExportRequest, spec: ArchSpec, ranges: list[range], window: int | None = None) -> int:
+    """The context the export of ``request`` gets: ``--context`` (no more than the model's positions), or
+    :func:`default_context`."""
+    if request.context_tokens is None:
+        return default_context(spec, ranges, window)
+    if request.context_tokens > spec.max_position_embeddings:
+        raise ExportError(
+            f"--context {request.context_tokens} exceeds the {spec.max_position_embeddings} positions the model was "
+            f"trained for (max_position_embeddings): choose {spec.max_position_embeddings} or less"
+        )
+    return request.context_tokens
+
+
+def reusable(
+    request: ExportRequest, revision: str, ranges: list[range], context_tokens: int
+) -> tuple[Manifest | None, bool]:
     """The existing export at ``out_dir`` if it was made from the same inputs (else None), and whether
-    a new export may replace what is there. ``ranges`` is today's split of the layers."""
+    a new export may replace what is there. ``ranges`` is today's split of the layers, ``context_tokens`` the
+    context asked for: an export that differs only by its context gets the new one in its manifest, rewritten
+    here (the graphs take any context), and is reused."""
     if not (request.out_dir / MANIFEST_NAME).exists():
         if request.out_dir.exists() and any(request.out_dir.iterdir()) and not request.force:
             raise ExportError(f"{request.out_dir} exists and is not an export; pass --force to replace it")
@@ -95,6 +133,15 @@ def reusable(request: ExportRequest, revision: str, ranges: list[range]) -> tupl
         )
         return None, True
     if same and not request.force:
+        if old.context_tokens != context_tokens:
+            log.info(
+                "export %s: context %d -> %d tokens (the manifest changes, the graphs stay)",
+                request.out_dir,
+                old.context_tokens,
+                context_tokens,
+            )
+            old = old.with_context(context_tokens)
+            old.save(request.out_dir)
         return old, False
     if not request.force:
         raise ExportError(f"{request.out_dir} holds a different export; pass --force to replace it")
@@ -122,7 +169,10 @@ def current_export(request: ExportRequest, cache_dir: Path) -> Manifest | None:
         if revision is None:
             return None
         old = Manifest.load(request.out_dir)
-        existing, _ = reusable(request, revision, layer_ranges(request, old.arch))
+        ranges = layer_ranges(request, old.arch)
+        if request.context_tokens is None and old.context_tokens != default_context(old.arch, ranges):
+            return None  # perhaps an attention window cut it: the checkpoint's config tells
+        existing, _ = reusable(request, revision, ranges, export_context(request, old.arch, ranges))
     except ShoalError:  # the full export says what is wrong, with the checkpoint at hand
         return None
     return existing

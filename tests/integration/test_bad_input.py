@@ -167,7 +167,7 @@ def test_export_is_reused_only_when_current(edit: str, tmp_path: Path, exported:
     ranges = plan_layer_split(old.arch, 2, "fp32")
     revision = open_checkpoint("smollm2", tmp_path / "cache").revision()
     existing, replace = reusable(
-        ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32"), revision, ranges
+        ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32"), revision, ranges, old.context_tokens
     )
     if edit == "none":
         assert existing is not None and not replace
