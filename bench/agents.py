@@ -154,7 +154,7 @@ def start_chat_ring(
     address: tuple[str, int] | None = None
     try:
         for index in range(stages - 1, 0, -1):
-            identity = issue_node(fleet_dir, f"stage-{index}")
+            identity = issue_node(fleet_dir, f"stage-{index}", force=True)  # the bench fleet outlives runs
             core = cores.agent_core(index)
             print(f"bench: starting the agent of stage {index} on core {core}", file=sys.stderr, flush=True)
             agent = start_agent(
@@ -165,7 +165,7 @@ def start_chat_ring(
         assert address is not None, "a ring has at least 2 stages"
         last = agents[-1].address
         for name, flags in heads.items():
-            identity = issue_node(fleet_dir, f"chat-{name}")
+            identity = issue_node(fleet_dir, f"chat-{name}", force=True)
             endpoints[name] = log_dir / f"chat-{name}.json"
             print(f"bench: starting the chat agent {name} on core {cores.head_core}", file=sys.stderr, flush=True)
             chat = ["--chat", "127.0.0.1:0", "--chat-file", str(endpoints[name]), "--ring-last", f"{last[0]}:{last[1]}"]

@@ -634,7 +634,7 @@ class Ring:
         stages = self.setup.stages
         # last stage first: each agent is told the proxied address of the next one
         for index in range(stages - 1, 0, -1):
-            identity = issue_node(self.fleet_dir, f"stage-{index}")
+            identity = issue_node(self.fleet_dir, f"stage-{index}", force=True)  # the bench fleet outlives runs
             core = self.settings.agent_core(index)
             _progress(f"{self.setup.label}: starting the agent of stage {index} on core {core}")
             agent = start_agent(
@@ -662,7 +662,7 @@ class Ring:
         from agent.transport.network import TlsNetwork
         from shards.manifest import Manifest
 
-        identity = issue_node(self.fleet_dir, "head")
+        identity = issue_node(self.fleet_dir, "head", force=True)
         self.identity = identity
         export = self.exports.ring
         self.manifest = Manifest.load(export)

@@ -79,7 +79,7 @@ def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
 def _identity(fleet_dir: Path, node: str) -> Path:
     folder = FleetPaths(fleet_dir).node_dir(node)
     if not (folder / "cert.pem").exists():
-        issue_node(fleet_dir, node)
+        issue_node(fleet_dir, node, force=True)  # the demo's own fleet: a lost identity folder is renewed
     return folder
 
 
