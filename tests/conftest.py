@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,9 +103,8 @@ def chat_ids(exported: Callable[..., Path]) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def hf_reference(smollm2_gguf: Path, chat_ids: list[list[int]]) -> list[tuple[list[int], np.ndarray]]:
-    """Greedy tokens (REFERENCE_TOKENS, stop tokens ignored) and per-step logits of transformers in fp32 torch,
-    for the first REFERENCE_PROMPTS prompts."""
+def hf_model(smollm2_gguf: Path) -> Any:
+    """SmolLM2 in transformers, fp32 torch, in eval mode: the reference the exports are checked against."""
     import functools
 
     import gguf
@@ -120,9 +120,18 @@ def hf_reference(smollm2_gguf: Path, chat_ids: list[list[int]]) -> list[tuple[li
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf, "GGUFReader", PlainViewGGUFReader)
         patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
-        model = AutoModelForCausalLM.from_pretrained(
+        return AutoModelForCausalLM.from_pretrained(
             str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
         ).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_reference(hf_model: Any, chat_ids: list[list[int]]) -> list[tuple[list[int], np.ndarray]]:
+    """Greedy tokens (REFERENCE_TOKENS, stop tokens ignored) and per-step logits of transformers in fp32 torch,
+    for the first REFERENCE_PROMPTS prompts."""
+    import torch
+
+    model = hf_model
     results = []
     with torch.no_grad():
         for ids in chat_ids[:REFERENCE_PROMPTS]:
