@@ -389,7 +389,7 @@ def _membership(
 
 
 def _route_of(plan: FleetPlanService) -> Callable[[], tuple[tuple[str, int], tuple[str, int]]]:
-    """The chats' route through the plan's ring (``RingNotReady``, a ``PeerUnavailableError``, says why not)."""
+    """The chats' route through the plan's ring (``RingNotReadyError``, a ``PeerUnavailableError``, says why not)."""
 
     def route() -> tuple[tuple[str, int], tuple[str, int]]:
         found = plan.route()

@@ -19,8 +19,9 @@
     │   └── LocalProtocolError      we tried to send something invalid: our bug
     ├── RingError              the ring cannot serve a request
     │   ├── PeerUnavailableError    a stage cannot be reached, or its connection died
-    │   │   └── PeerRefusedError        the TLS handshake failed: not of this fleet, or it refused us
-    │   │       └── CertificateDatesError   its certificate is not yet valid, or expired, by this PC's clock
+    │   │   ├── PeerRefusedError        the TLS handshake failed: not of this fleet, or it refused us
+    │   │   │   └── CertificateDatesError   its certificate is not yet valid, or expired, by this PC's clock
+    │   │   └── RingNotReadyError       the plan's ring cannot answer yet: which stage waits for what
     │   ├── FleetBusyError          a stage has no room for another session
     │   └── SessionFailedError      a stage reported an error for this session
     │       └── SessionEvictedError     a parked session gave its place to a new one
@@ -29,6 +30,7 @@
     ├── ChatEndpointError      no agent on this PC serves chats (the endpoint file is missing)
     ├── ChatAnswerError        the agent answered a chat with an error event
     ├── BenchError             a measurement or benchmark step failed (``shoal bench stages``, ``bench/``)
+    ├── IdleSourceError        a donor's idle source cannot read on this PC (caught in ``agent.donor.idle``)
     └── ServiceError           ``shoal service``: the platform's service manager is missing or refused a step
 
 Foreign exceptions (ssl, socket, OpenVINO, gguf, transformers) are mapped to these where they arrive,
@@ -119,6 +121,10 @@ class CertificateDatesError(PeerRefusedError):
     wrong (or the certificate is due for renewal). ``discovery.clocks`` tells which, from the two PCs' times."""
 
 
+class RingNotReadyError(PeerUnavailableError):
+    """The plan's ring cannot answer yet; the message says which stage waits for what."""
+
+
 class FleetBusyError(RingError):
     """A stage already holds its configured maximum of sessions."""
 
@@ -161,6 +167,11 @@ class ChatAnswerError(ShoalError):
 
 class BenchError(ShoalError):
     """A measurement or benchmark step (an export or a measured run) failed."""
+
+
+class IdleSourceError(ShoalError):
+    """An idle source cannot read on this PC; the message says why, for people (and what to install or change).
+    It never leaves ``agent.donor.idle``: a source turns it into its ``problem()``."""
 
 
 class ServiceError(ShoalError):

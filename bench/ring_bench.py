@@ -71,7 +71,7 @@ from bench.stats import Summary, agreement, paired_ratios
 from bench.worker import RequestTimers
 
 if TYPE_CHECKING:  # OpenVINO is loaded once the head is pinned to its core
-    from agent.cli.status_cmd import StatusLink
+    from agent.cli.status_link import StatusLink
     from agent.runtime.session import StageSession
     from agent.runtime.stage import CompiledStage
 
@@ -652,7 +652,7 @@ class Ring:
         self.proxied = [addresses[i] for i in range(1, stages)]
 
     async def connect(self) -> None:
-        from agent.cli.status_cmd import StatusLink
+        from agent.cli.status_link import StatusLink
         from agent.fleet import issue_node
         from agent.head.drafting import make_drafter
         from agent.head.ring_client import RingClient

@@ -129,7 +129,7 @@ async def _tui_rate(
     """One answer through the TUI (polling the head's status as it does for a user): its client-side rate,
     tokens, this process's CPU seconds while it streamed, and the milliseconds each of ``keys`` presses took
     to reach the prompt meanwhile."""
-    from agent.cli.status_cmd import StatusLink
+    from agent.cli.status_link import StatusLink
     from tui import app as tui_app
     from tui.app import ChatApp
     from tui.events import AnswerToken

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import PeerUnavailableError, RemoteProtocolError, ShoalError
+from agent.errors import RemoteProtocolError, RingNotReadyError, ShoalError
 from agent.transport.tasks import OwnedTasks
 from discovery import control
 from discovery.announcement import Announcement, HeldStage
@@ -66,10 +66,6 @@ class Route:
     last: tuple[str, int]
     nodes: tuple[str, ...]
     """The node of each stage, in order."""
-
-
-class RingNotReady(PeerUnavailableError):
-    """The plan's ring cannot answer yet; the message says which stage waits for what."""
 
 
 class FleetPlanService:
@@ -319,29 +315,29 @@ class FleetPlanService:
         return [graph.layer_start, graph.layer_stop]
 
     def route(self) -> Route:
-        """Where a chat goes through the plan's ring; :class:`RingNotReady` saying why it cannot yet."""
+        """Where a chat goes through the plan's ring; :class:`RingNotReadyError` saying why it cannot yet."""
         record = self.record
         if self.model is None:
-            raise RingNotReady("the fleet serves no model yet (the admin runs `shoal fleet serve`)")
+            raise RingNotReadyError("the fleet serves no model yet (the admin runs `shoal fleet serve`)")
         if self.manifest is None or record is None:
-            raise RingNotReady(f"the fleet serves {self.model}; this agent has no plan for it yet")
+            raise RingNotReadyError(f"the fleet serves {self.model}; this agent has no plan for it yet")
         names = self._names()
         nodes = []
         for a in record.plan.assignments:
             if a.node is None:
-                raise RingNotReady(f"stage {a.stage} is uncovered: {a.reason}")
+                raise RingNotReadyError(f"stage {a.stage} is uncovered: {a.reason}")
             held = self.held(a.node, a.stage)
             if held is None or held.state != "ready":
                 state = held.describe() if held is not None else "not started"
                 problem = self.problem_of(a.node)
-                raise RingNotReady(
+                raise RingNotReadyError(
                     f"stage {a.stage} on {names.get(a.node, a.node)} is {state}"
                     + (f"; its last try failed: {problem}" if problem else "")
                 )
             nodes.append(a.node)
         first, last = self.membership.address_of(nodes[0]), self.membership.address_of(nodes[-1])
         if first is None or last is None:
-            raise RingNotReady("the plan names a member whose address this agent does not know")
+            raise RingNotReadyError("the plan names a member whose address this agent does not know")
         return Route(_reachable(first), _reachable(last), tuple(nodes))
 
     def status(self) -> dict[str, Any]:
@@ -361,7 +357,7 @@ class FleetPlanService:
         try:
             self.route()
             ready, waiting = True, None
-        except RingNotReady as exc:
+        except RingNotReadyError as exc:
             ready, waiting = False, str(exc)
         return {
             **base,

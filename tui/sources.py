@@ -82,7 +82,7 @@ class EndpointChatSource:
 
 
 class StatusLinkLike(Protocol):
-    """What ``agent.cli.status_cmd.StatusLink`` offers."""
+    """What ``agent.cli.status_link.StatusLink`` offers."""
 
     async def get(self) -> dict[str, Any]: ...
 

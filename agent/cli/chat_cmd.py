@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from agent.chat.endpoint import ChatEndpoint
 from agent.cli.common import identity_dir
-from agent.cli.status_cmd import StatusLink
+from agent.cli.status_link import StatusLink
 from agent.errors import FleetError, PeerUnavailableError
 from agent.fleet import NodeIdentity
 from agent.node.config import parse_address

@@ -114,7 +114,7 @@ def forming_line(plan: dict[str, Any]) -> str:
 
 async def wait_for_ring(agents: list[LocalAgent], admin: NodeIdentity, started: float) -> dict[str, Any]:
     """The first agent's plan once its ring is ready, telling each step of the agents on the way."""
-    from agent.cli.status_cmd import StatusLink
+    from agent.cli.status_link import StatusLink
 
     link = await StatusLink.open(agents[0].address, admin)
     told = ""

@@ -14,7 +14,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 
 from agent.cli.common import identity_dir
-from agent.cli.status_cmd import StatusLink
+from agent.cli.status_link import StatusLink
 from agent.daemon import software_version
 from agent.donor.idle import IdleSource, describe_problems, pick_source
 from agent.errors import FleetError, RingError

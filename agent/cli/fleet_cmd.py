@@ -125,7 +125,7 @@ def voided_pin_lines(done: Revocation) -> list[str]:
 
 
 def _agent_status(address: str, identity: NodeIdentity) -> dict[str, Any]:
-    from agent.cli.status_cmd import fetch_status
+    from agent.cli.status_link import fetch_status
 
     return dict(asyncio.run(fetch_status(parse_address(address), identity)))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.common import identity_dir
+from agent.cli.status_link import fetch_status
 from agent.errors import FleetError, PeerUnavailableError, RingError
 from agent.fleet import NodeIdentity
 from agent.node.config import parse_address
@@ -160,8 +161,6 @@ def _show_plan(
 
 def _plan_status(address: tuple[str, int], identity: NodeIdentity, version: int, wait: float) -> dict[str, Any]:
     """The agent's ``plan`` status, once it reports a plan for fleet document ``version`` (or after ``wait``)."""
-    from agent.cli.status_cmd import fetch_status
-
     deadline = time.monotonic() + wait
     while True:
         try:

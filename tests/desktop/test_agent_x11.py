@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agent.cli.status_cmd import StatusLink
+from agent.cli.status_link import StatusLink
 from agent.fleet import init_fleet, issue_node
 from agent.node.launcher import launch_agent
 from tests.desktop.test_x11_idle import press_key

@@ -83,6 +83,6 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):  # ty
 
 
 def status(address: tuple[str, int], identity: NodeIdentity) -> dict[str, object]:
-    from agent.cli.status_cmd import fetch_status
+    from agent.cli.status_link import fetch_status
 
     return asyncio.run(fetch_status(address, identity))

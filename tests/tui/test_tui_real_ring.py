@@ -18,7 +18,7 @@ import pytest
 from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
-from agent.cli.status_cmd import StatusLink
+from agent.cli.status_link import StatusLink
 from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.node.config import parse_address
 from discovery.fleet_document import ModelSource, serving

@@ -25,7 +25,7 @@ from textual.widgets import DataTable
 from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
-from agent.cli.status_cmd import StatusLink
+from agent.cli.status_link import StatusLink
 from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.node.launcher import LocalAgent, launch_agent
 from bench.tui_bench import key_to_prompt

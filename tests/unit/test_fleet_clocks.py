@@ -18,7 +18,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 import discovery.service
-from agent.cli.status_cmd import fetch_status, status_lines
+from agent.cli.status_cmd import status_lines
+from agent.cli.status_link import fetch_status
 from agent.daemon import Daemon
 from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.fleet.authority import load_ca, node_certificate, write_atomic

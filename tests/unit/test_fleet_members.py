@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.cli.status_cmd import StatusLink
+from agent.cli.status_link import StatusLink
 from agent.daemon import Daemon
 from agent.errors import FleetError, PeerUnavailableError
 from agent.fleet import NodeIdentity, init_fleet, issue_node

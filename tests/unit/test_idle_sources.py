@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from agent.donor.idle import MutterSource, X11Source, describe_problems, pick_source, platform_candidates
-from agent.donor.idle.base import PolledSource, Unavailable
+from agent.donor.idle.base import PolledSource
 from agent.donor.idle.macos import ANY_INPUT_EVENT, COMBINED_SESSION_STATE, MacSource
 from agent.donor.idle.screensaver import ScreenSaverSource
 from agent.donor.idle.windows import BOOL, DWORD, LASTINPUTINFO, WindowsSource, bind, ticks_since
 from agent.donor.sensing import DonorSensors, HostSampler
+from agent.errors import IdleSourceError
 
 
 def test_lastinputinfo_has_windows_layout() -> None:
@@ -129,7 +130,7 @@ class Fake(PolledSource):
 
     def _read(self) -> float:
         if self.why:
-            raise Unavailable(self.why)
+            raise IdleSourceError(self.why)
         return self.seconds
 
 
@@ -238,7 +239,7 @@ def test_windows_session_zero_sees_no_input(session: int, refused: bool) -> None
 
     kernel32 = SimpleNamespace(ProcessIdToSessionId=process_session, GetCurrentProcessId=lambda: 4242)
     if refused:
-        with pytest.raises(Unavailable, match="runs in session 0"):
+        with pytest.raises(IdleSourceError, match="runs in session 0"):
             WindowsSource._check_session(None, kernel32)
     else:
         WindowsSource._check_session(None, kernel32)

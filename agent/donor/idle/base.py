@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import logging
 
+from agent.errors import IdleSourceError
+
 log = logging.getLogger(__name__)
-
-
-class Unavailable(Exception):  # never leaves this package: a source turns it into its problem()
-    """The source cannot read here; the message says why, for people (and what to install or change)."""
 
 
 class PolledSource:
     """An idle source read by one call that may fail. Subclasses set ``name`` and implement ``_read`` (seconds
-    since the last input, raising :class:`Unavailable` with the reason) and ``_close`` (drop a connection, so
+    since the last input, raising :class:`IdleSourceError` with the reason) and ``_close`` (drop a connection, so
     that the next read opens a new one). Not thread-safe: one caller at a time."""
 
     name = "?"
@@ -25,7 +23,7 @@ class PolledSource:
         """Seconds since the last keyboard or mouse input; None when the source does not work now."""
         try:
             seconds = self._read()
-        except Unavailable as exc:
+        except IdleSourceError as exc:
             if self._problem != str(exc):
                 log.info("idle source %s does not work: %s", self.name, exc)
             self._problem = str(exc)

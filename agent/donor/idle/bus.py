@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent.donor.idle.base import PolledSource, Unavailable
+from agent.donor.idle.base import PolledSource
+from agent.errors import IdleSourceError
 
 CALL_TIMEOUT = 1.0
 """Seconds a call waits for its answer: a desktop service answers in milliseconds."""
@@ -37,15 +38,15 @@ class BusSource(PolledSource):
         self._connection: Any = None
 
     def call(self, path: str, interface: str, method: str, signature: str = "", body: tuple[Any, ...] = ()) -> Any:
-        """The body of the reply to ``method``; :class:`Unavailable` saying why where there is none."""
+        """The body of the reply to ``method``; :class:`IdleSourceError` saying why where there is none."""
         if self.address is None:
-            raise Unavailable(f"no {self.bus_name} D-Bus here (DBUS_SESSION_BUS_ADDRESS is not set)")
+            raise IdleSourceError(f"no {self.bus_name} D-Bus here (DBUS_SESSION_BUS_ADDRESS is not set)")
         try:
             from jeepney import DBusAddress, new_method_call
             from jeepney.io.blocking import open_dbus_connection
             from jeepney.wrappers import DBusErrorResponse, unwrap_msg
         except ImportError as exc:
-            raise Unavailable("jeepney is not installed (pip install jeepney)") from exc
+            raise IdleSourceError("jeepney is not installed (pip install jeepney)") from exc
         try:
             if self._connection is None:
                 self._connection = open_dbus_connection(self.address)
@@ -53,10 +54,10 @@ class BusSource(PolledSource):
             return unwrap_msg(self._connection.send_and_get_reply(message, timeout=CALL_TIMEOUT))
         except DBusErrorResponse as exc:
             if exc.name == "org.freedesktop.DBus.Error.ServiceUnknown":
-                raise Unavailable(f"no {self.service} on the {self.bus_name} D-Bus") from exc
-            raise Unavailable(f"{self.service}.{method} failed: {exc}") from exc
+                raise IdleSourceError(f"no {self.service} on the {self.bus_name} D-Bus") from exc
+            raise IdleSourceError(f"{self.service}.{method} failed: {exc}") from exc
         except (OSError, RuntimeError, ValueError, KeyError) as exc:  # no bus, a refused or broken connection
-            raise Unavailable(f"cannot reach the {self.bus_name} D-Bus at {self.address}: {exc}") from exc
+            raise IdleSourceError(f"cannot reach the {self.bus_name} D-Bus at {self.address}: {exc}") from exc
 
     def _close(self) -> None:
         if self._connection is not None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from agent.donor.idle.bus import BusSource, Unavailable, session_bus
+from agent.donor.idle.bus import BusSource, session_bus
+from agent.errors import IdleSourceError
 
 SERVICE = "org.gnome.Mutter.IdleMonitor"
 PATH = "/org/gnome/Mutter/IdleMonitor/Core"
@@ -24,5 +25,5 @@ class MutterSource(BusSource):
     def _read(self) -> float:
         (milliseconds,) = self.call(PATH, SERVICE, "GetIdletime")
         if not isinstance(milliseconds, int):
-            raise Unavailable(f"{SERVICE}.GetIdletime answered {milliseconds!r}, not a number of milliseconds")
+            raise IdleSourceError(f"{SERVICE}.GetIdletime answered {milliseconds!r}, not a number of milliseconds")
         return milliseconds / 1000.0

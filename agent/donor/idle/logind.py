@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from agent.donor.idle.bus import BusSource, Unavailable, system_bus
+from agent.donor.idle.bus import BusSource, system_bus
+from agent.errors import IdleSourceError
 
 SERVICE = "org.freedesktop.login1"
 SESSION = "/org/freedesktop/login1/session/auto"
@@ -38,9 +39,9 @@ class LogindSource(BusSource):
             idle = properties["IdleHint"][1]
             since_us = properties["IdleSinceHintMonotonic"][1]
         except (KeyError, IndexError, TypeError) as exc:
-            raise Unavailable(f"logind's session has no idle hint: {properties!r}") from exc
+            raise IdleSourceError(f"logind's session has no idle hint: {properties!r}") from exc
         if not idle and since_us == 0:
-            raise Unavailable("the desktop never set logind's IdleHint for this session")
+            raise IdleSourceError("the desktop never set logind's IdleHint for this session")
         if not idle:
             return 0.0  # the session is in use now
         return self.clock() - since_us / 1e6

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.donor.idle.base import PolledSource, Unavailable
+from agent.donor.idle.base import PolledSource
+from agent.errors import IdleSourceError
 
 COMBINED_SESSION_STATE = 0
 """``kCGEventSourceStateCombinedSessionState`` (CGEventSource.h's CGEventSourceStateID, an int32_t)."""
@@ -29,12 +30,12 @@ class MacSource(PolledSource):
             try:
                 import Quartz  # type: ignore[import-not-found,unused-ignore]
             except ImportError as exc:
-                raise Unavailable("pyobjc-framework-Quartz is not installed: pip install 'shoal[macos]'") from exc
+                raise IdleSourceError("pyobjc-framework-Quartz is not installed: pip install 'shoal[macos]'") from exc
             self._quartz = Quartz
         function = getattr(self._quartz, FUNCTION, None)
         if function is None:
-            raise Unavailable(f"this Quartz has no {FUNCTION}")
+            raise IdleSourceError(f"this Quartz has no {FUNCTION}")
         seconds = function(COMBINED_SESSION_STATE, ANY_INPUT_EVENT)
         if not isinstance(seconds, (int, float)) or seconds != seconds:  # NaN, or not a number at all
-            raise Unavailable(f"{FUNCTION} answered {seconds!r}")
+            raise IdleSourceError(f"{FUNCTION} answered {seconds!r}")
         return float(seconds)

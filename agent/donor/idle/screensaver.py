@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from agent.donor.idle.bus import BusSource, Unavailable, session_bus
+from agent.donor.idle.bus import BusSource, session_bus
+from agent.errors import IdleSourceError
 
 SERVICE = "org.freedesktop.ScreenSaver"
 PATH = "/org/freedesktop/ScreenSaver"
@@ -31,5 +32,5 @@ class ScreenSaverSource(BusSource):
     def _read(self) -> float:
         (idle,) = self.call(PATH, SERVICE, "GetSessionIdleTime")
         if not isinstance(idle, int):
-            raise Unavailable(f"{SERVICE}.GetSessionIdleTime answered {idle!r}, not a number")
+            raise IdleSourceError(f"{SERVICE}.GetSessionIdleTime answered {idle!r}, not a number")
         return idle / 1000.0 if self.milliseconds else float(idle)

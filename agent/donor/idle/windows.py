@@ -7,7 +7,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from agent.donor.idle.base import PolledSource, Unavailable
+from agent.donor.idle.base import PolledSource
+from agent.errors import IdleSourceError
 
 # Windows' own widths (LLP64), not ctypes.wintypes': there DWORD is c_ulong, 8 bytes on 64-bit Linux and macOS,
 # which would give the struct another layout wherever these lines are tested
@@ -55,11 +56,11 @@ class WindowsSource(PolledSource):
         if self._libraries is None:
             loader = getattr(ctypes, "WinDLL", None)
             if loader is None:
-                raise Unavailable("not Windows")
+                raise IdleSourceError("not Windows")
             try:
                 libraries = loader("user32", use_last_error=True), loader("kernel32", use_last_error=True)
             except OSError as exc:
-                raise Unavailable(f"cannot load user32 or kernel32: {exc}") from exc
+                raise IdleSourceError(f"cannot load user32 or kernel32: {exc}") from exc
             bind(*libraries)
             self._libraries = libraries
             self._check_session(*libraries)
@@ -69,7 +70,7 @@ class WindowsSource(PolledSource):
     def _check_session(user32: Any, kernel32: Any) -> None:
         session = DWORD(0)
         if kernel32.ProcessIdToSessionId(kernel32.GetCurrentProcessId(), ctypes.pointer(session)) and not session.value:
-            raise Unavailable(
+            raise IdleSourceError(
                 "the agent runs in session 0 (a service), which sees no user's input: start it in the user's "
                 "session, at logon"
             )
@@ -79,5 +80,5 @@ class WindowsSource(PolledSource):
         info = LASTINPUTINFO(ctypes.sizeof(LASTINPUTINFO), 0)
         if not user32.GetLastInputInfo(ctypes.pointer(info)):
             error = getattr(ctypes, "get_last_error", lambda: 0)()  # Windows only
-            raise Unavailable(f"GetLastInputInfo failed (error {error})")
+            raise IdleSourceError(f"GetLastInputInfo failed (error {error})")
         return ticks_since(info.dwTime, kernel32.GetTickCount()) / 1000.0

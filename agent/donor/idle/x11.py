@@ -7,7 +7,8 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from agent.donor.idle.base import PolledSource, Unavailable
+from agent.donor.idle.base import PolledSource
+from agent.errors import IdleSourceError
 
 EXTENSION = "MIT-SCREEN-SAVER"
 
@@ -31,9 +32,11 @@ class X11Source(PolledSource):
     def _read(self) -> float:
         if self.wayland:
             # Xwayland counts only the input that X programs get: typing into a Wayland window would look idle
-            raise Unavailable("a Wayland session: X11 sees only the input of X programs (Mutter's idle monitor does)")
+            raise IdleSourceError(
+                "a Wayland session: X11 sees only the input of X programs (Mutter's idle monitor does)"
+            )
         if not self.display:
-            raise Unavailable("DISPLAY is not set (no X11 session here)")
+            raise IdleSourceError("DISPLAY is not set (no X11 session here)")
         if self._connection is None:
             self._connection = self._open(self.display)
         from Xlib import error
@@ -41,7 +44,7 @@ class X11Source(PolledSource):
         try:
             reply = self._connection.screen().root.screensaver_query_info()
         except (error.ConnectionClosedError, error.XError, OSError) as exc:
-            raise Unavailable(f"the X display {self.display} stopped answering: {exc}") from exc
+            raise IdleSourceError(f"the X display {self.display} stopped answering: {exc}") from exc
         return float(reply.idle) / 1000.0
 
     @staticmethod
@@ -49,14 +52,14 @@ class X11Source(PolledSource):
         try:
             from Xlib import display, error
         except ImportError as exc:
-            raise Unavailable("python-xlib is not installed (pip install python-xlib)") from exc
+            raise IdleSourceError("python-xlib is not installed (pip install python-xlib)") from exc
         try:
             connection = display.Display(name)
         except (error.DisplayError, error.ConnectionClosedError, error.XauthError, OSError) as exc:
-            raise Unavailable(f"cannot open the X display {name}: {exc}") from exc
+            raise IdleSourceError(f"cannot open the X display {name}: {exc}") from exc
         if not connection.has_extension(EXTENSION):
             connection.close()
-            raise Unavailable(f"the X server of {name} lacks the {EXTENSION} extension")
+            raise IdleSourceError(f"the X server of {name} lacks the {EXTENSION} extension")
         return connection
 
     def _close(self) -> None:
