@@ -4,12 +4,13 @@ skips, saying what to install, where a program is missing (``make setup`` instal
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 
 import pytest
+
+from tests.support.xvfb import xvfb
 
 
 def need(program: str, package: str) -> str:
@@ -23,24 +24,11 @@ def need(program: str, package: str) -> str:
 @pytest.fixture
 def x_display() -> Iterator[str]:
     """A fresh Xvfb server (``:N``, the number it picked itself), stopped after the test."""
-    xvfb = need("Xvfb", "xvfb")
-    read, write = os.pipe()
-    server = subprocess.Popen(
-        [xvfb, "-displayfd", str(write), "-nolisten", "tcp", "-screen", "0", "320x240x24"],
-        pass_fds=(write,),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.close(write)
     try:
-        with os.fdopen(read) as pipe:
-            number = pipe.readline().strip()  # written once the server accepts connections
-        if not number:
-            pytest.fail(f"Xvfb exited with {server.wait(5)} before giving its display")
-        yield f":{number}"
-    finally:
-        server.terminate()
-        server.wait(10)
+        with xvfb(need("Xvfb", "xvfb")) as display:
+            yield display
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ extension, and xdotool makes real input events (XTEST) that reset its idle count
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
@@ -12,13 +11,14 @@ from agent.donor.idle import X11Source, pick_source, platform_candidates
 from agent.donor.policy import Decision, DonorSettings, DonorState, decide
 from agent.donor.sensing import DonorSensors
 from tests.desktop.conftest import need
+from tests.support.xvfb import press_key as press
 
 pytestmark = pytest.mark.desktop
 
 
 def press_key(display: str) -> None:
-    xdotool = need("xdotool", "xdotool")
-    subprocess.run([xdotool, "key", "shift"], env={"DISPLAY": display}, check=True, timeout=10)
+    need("xdotool", "xdotool")
+    press(display)
 
 
 def test_idle_time_grows_and_a_key_press_resets_it(x_display: str) -> None:
