@@ -21,7 +21,7 @@ PIP_INSTALL := pip install -q --no-compile
 OLAH_VENV ?= .venv-olah
 OLAH_VERSION ?= 0.5.4
 
-.PHONY: demo test setup clean lock
+.PHONY: demo test setup clean lock fuzz
 
 setup: $(VENV)/.installed $(OLAH_VENV)/.installed $(VENV)/.desktop-tools
 
@@ -71,6 +71,13 @@ test: setup
 	$(BIN)/python -m pytest --cov=agent --cov=shards --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_FLOOR) $(PYTEST_ARGS); \
 	tests=$$?; wait $$checker; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
+
+# Fuzzing (issue 46): each decoder that peers and clients feed, under atheris, for its share of FUZZ_SECONDS (in all),
+# then the executions, coverage (libFuzzer's, and agent/wire's lines) and findings of each (tests/fuzz/run.py;
+# corpora found and findings in .fuzz/). `make test` replays the committed seed corpus only.
+FUZZ_SECONDS ?= 600
+fuzz: $(VENV)/.installed
+	$(BIN)/python -m tests.fuzz.run --seconds $(FUZZ_SECONDS)
 
 # The donor install's lock (pip install --require-hashes -r packaging/requirements-donor.txt, then
 # pip install --no-deps shoal): pyproject's base dependencies resolved for every OS, with the hashes of their

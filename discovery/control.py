@@ -35,13 +35,14 @@ its own TLS handshake makes it a member.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import RemoteProtocolError
 from agent.wire import Frame, FrameType
+from agent.wire.jsonbody import loads_json
 from discovery.announcement import Announcement
 
 MAX_GOSSIP = 1024
@@ -160,8 +161,8 @@ def from_frame(frame: Frame) -> ControlMessage:
     if frame.type is not FrameType.MEMBERS:
         raise RemoteProtocolError(f"a control link carries MEMBERS frames, not {frame.type.name}")
     try:
-        body = json.loads(frame.body())
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = loads_json(frame.body())
+    except ValueError as exc:  # UnicodeDecodeError and too deep a nesting too
         raise RemoteProtocolError("MEMBERS: body is not JSON") from exc
     if not isinstance(body, dict):
         raise RemoteProtocolError("MEMBERS: body is not a JSON object")
@@ -207,7 +208,7 @@ def _document(body: dict[str, Any], kind: str) -> bytes:
         raise RemoteProtocolError(f"MEMBERS {kind}: 'document' must be base64 text")
     try:
         return base64.b64decode(document, validate=True)
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or a character outside ASCII
         raise RemoteProtocolError(f"MEMBERS {kind}: 'document' is not base64") from exc
 
 
@@ -221,12 +222,18 @@ def _number(body: dict[str, Any], key: str) -> float:
     value = body.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RemoteProtocolError(f"MEMBERS: {key!r} must be a number")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError as exc:  # an integer of hundreds of digits
+        raise RemoteProtocolError(f"MEMBERS: {key!r} is out of range") from exc
+    if not math.isfinite(number):  # json reads Infinity, NaN and 1e999: no count, time or duration
+        raise RemoteProtocolError(f"MEMBERS: {key!r} must be a finite number")
+    return number
 
 
 def _duration(body: dict[str, Any], key: str) -> float:
     value = _number(body, key)
-    if not 0 <= value < 1e10:  # json reads Infinity and NaN: neither is a duration
+    if not 0 <= value < 1e10:
         raise RemoteProtocolError(f"MEMBERS: {key!r} must be a number of seconds")
     return value
 

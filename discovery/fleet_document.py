@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from agent.errors import FleetError
 from agent.fleet.authority import FLEET_ID_RE, NODE_NAME_RE, parse_utc, utc_iso
 from agent.fleet.signed import check_fleet, sign_document, verify_document
+from agent.wire.jsonbody import loads_json
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 """A Hub repository id: ``name`` or ``owner/name``."""
@@ -190,7 +191,7 @@ class FleetDocument:
     def _from_body(cls, body: bytes) -> FleetDocument:
         # Signed by our CA, so malformed only through a bug or a newer shoal; still checked field by field.
         try:
-            doc: Any = json.loads(body)
+            doc: Any = loads_json(body)
             if not isinstance(doc, dict) or set(doc) != _BODY_KEYS:
                 raise ValueError(f"expected the keys {', '.join(sorted(_BODY_KEYS))}")
             if not isinstance(doc["fleet_id"], str) or not isinstance(doc["issued_at"], str):

@@ -87,7 +87,7 @@ class PlanRecord:
                 probation=frozenset(_str(n) for n in data["probation"]),
             )
             record = cls(plan, _str(data["coordinator"]), _int(data["document"]), _str(data["export"]))
-        except (KeyError, TypeError, ValueError, FleetError) as exc:  # FleetError: a bad pin
+        except (KeyError, TypeError, ValueError, OverflowError, FleetError) as exc:  # FleetError: a bad pin
             raise RemoteProtocolError(f"malformed plan: {exc}") from exc
         if plan.hash != data.get("hash"):
             raise RemoteProtocolError(f"the plan's hash is {plan.hash[:12]}, not the {str(data.get('hash'))[:12]} sent")

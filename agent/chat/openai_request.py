@@ -16,6 +16,7 @@ from typing import Any
 from agent.chat.protocol import ChatRequest
 from agent.errors import ChatProtocolError, HTTPError
 from agent.sampling.params import MAX_TOP_LOGPROBS
+from agent.wire.jsonbody import loads_json
 
 IGNORED = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
 """Fields a client may send that change nothing shoal does."""
@@ -50,8 +51,8 @@ class OpenAIRequest:
 def parse_openai(body: bytes, token: str, *, completion: bool) -> OpenAIRequest:
     """A ``/v1/chat/completions`` body (``completion``: a ``/v1/completions`` one) as an :class:`OpenAIRequest`."""
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = loads_json(body)
+    except ValueError as exc:  # UnicodeDecodeError and too deep a nesting too
         raise HTTPError("bad_request", "the body is not JSON") from exc
     if not isinstance(data, dict):
         raise HTTPError("bad_request", "the body is not a JSON object")
@@ -149,7 +150,8 @@ def _messages(raw: Any) -> list[dict[str, str]]:
     for item in raw:
         if not isinstance(item, dict):
             raise HTTPError("bad_request", "each message must be an object", "messages")
-        role = ROLES_AS.get(item.get("role"))  # type: ignore[arg-type]
+        given = item.get("role")
+        role = ROLES_AS.get(given) if isinstance(given, str) else None
         if role is None:
             raise HTTPError("bad_request", f"a message's role must be one of {', '.join(ROLES_AS)}", "messages")
         extra = set(item) - {"role", "content", "name"}

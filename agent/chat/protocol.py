@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 from agent.chat.stop_text import MAX_STOPS
 from agent.errors import ChatProtocolError, ShoalError
 from agent.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
+from agent.wire.jsonbody import loads_json
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20
@@ -100,8 +101,8 @@ class ChatRequest:
             token=token,
             messages=tuple(messages),
             max_tokens=max_tokens,
-            temperature=float(_typed(data, "temperature", (int, float), 0.0)),
-            top_p=float(_typed(data, "top_p", (int, float), 1.0)),
+            temperature=_float(data, "temperature", 0.0),
+            top_p=_float(data, "top_p", 1.0),
             top_k=_typed(data, "top_k", int, 0),
             seed=_typed(data, "seed", (int, type(None)), None),
             stop=_stops(data.get("stop")),
@@ -119,6 +120,14 @@ class ChatRequest:
 
 def _stops(value: Any) -> tuple[str, ...]:
     """``stop``: absent, one string, or a list of at most ``MAX_STOPS`` non-empty strings."""
+def _float(data: dict[str, Any], name: str, default: float) -> float:
+    """A number field as a float: an integer too large for one is refused, not raised as ``OverflowError``."""
+    try:
+        return float(_typed(data, name, (int, float), default))
+    except OverflowError as exc:
+        raise ChatProtocolError(f"field {name!r} is out of range", param=name) from exc
+
+
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
@@ -248,8 +257,8 @@ def _object(line: bytes) -> dict[str, Any]:
     if len(line) > MAX_LINE_BYTES:
         raise ChatProtocolError(f"line longer than {MAX_LINE_BYTES} bytes")
     try:
-        data = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = loads_json(line)
+    except ValueError as exc:  # UnicodeDecodeError and too deep a nesting too
         raise ChatProtocolError("not a JSON line") from exc
     if not isinstance(data, dict):
         raise ChatProtocolError("not a JSON object")

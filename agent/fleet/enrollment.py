@@ -79,6 +79,7 @@ from agent.fleet.authority import (
     write_json,
 )
 from agent.fleet.revocation import load_revocations
+from agent.wire.jsonbody import loads_json
 
 log = logging.getLogger(__name__)
 
@@ -631,7 +632,7 @@ def _load_server_certificate(
 
 def _parse_request(line: bytes) -> tuple[str, bytes, str]:
     try:
-        doc = json.loads(line)
+        doc = loads_json(line)
     except ValueError as exc:
         raise FleetError("malformed request: not a JSON line") from exc
     if not isinstance(doc, dict) or doc.get("v") != PROTOCOL_VERSION:
@@ -746,7 +747,7 @@ async def _read_message(reader: asyncio.StreamReader, where: str) -> dict[str, A
     if not line:
         raise PeerUnavailableError(f"{where} closed the connection (is it a shoal enrollment server?)")
     try:
-        doc = json.loads(line)
+        doc = loads_json(line)
     except ValueError as exc:
         raise FleetError(f"{where} sent something that is not JSON: not a shoal enrollment server") from exc
     if not isinstance(doc, dict) or doc.get("v") != PROTOCOL_VERSION:

@@ -39,6 +39,7 @@ from agent.fleet.authority import (
     write_atomic,
 )
 from agent.fleet.signed import check_fleet, sign_document, verify_document
+from agent.wire.jsonbody import loads_json
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class RevocationList:
     def _from_body(cls, body: str) -> RevocationList:
         # Signed by our CA, so malformed only through a bug; still checked field by field, never asserted.
         try:
-            doc: Any = json.loads(body)
+            doc: Any = loads_json(body)
             if not isinstance(doc, dict) or set(doc) != {"fleet_id", "version", "issued_at", "revoked"}:
                 raise ValueError("expected fleet_id, version, issued_at and revoked")
             entries = doc["revoked"]

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import FleetError
 from agent.fleet.authority import fleet_id_of
+from agent.wire.jsonbody import loads_json
 
 SCHEMA = 1
 
@@ -40,8 +41,8 @@ def verify_document(data: bytes, ca_cert: x509.Certificate, what: str = "the doc
     check (its fleet id above all: the CA signs for one fleet only).
     """
     try:
-        doc = json.loads(data)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        doc = loads_json(data)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too deep a nesting
         raise FleetError(f"{what} is not JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise FleetError(f"{what} is not a JSON object")

@@ -10,6 +10,7 @@ from typing import Any, TypeVar, cast
 from agent.errors import RemoteProtocolError, ShoalError
 from agent.sampling.params import SamplingParams
 from agent.wire.frames import Frame, FrameType
+from agent.wire.jsonbody import loads_json
 
 M = TypeVar("M", bound="Message")
 
@@ -26,8 +27,8 @@ class Message:
     @classmethod
     def from_json(cls: type[M], body: bytes) -> M:
         try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+            data = loads_json(body)
+        except ValueError as exc:  # UnicodeDecodeError and too deep a nesting too
             raise RemoteProtocolError(f"{cls.__name__}: body is not JSON") from exc
         if not isinstance(data, dict):
             raise RemoteProtocolError(f"{cls.__name__}: body is not a JSON object")

@@ -1,0 +1,20 @@
+"""JSON from a peer: ``json.loads`` whose every failure is a ``ValueError``.
+
+The C parser raises ``RecursionError`` for a document nested deeper than the interpreter's recursion limit (a
+few kilobytes of ``[[[[``), which no ``except ValueError`` catches: a peer could end the task reading it. Every
+decoder of peers' JSON (frames' bodies, control messages, signed documents, chat and API requests, enrollment)
+reads through :func:`loads_json`, and keeps its own ``except ValueError``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def loads_json(data: bytes | str) -> Any:
+    """``json.loads(data)``; ``ValueError`` for anything that is not JSON, nesting too deep included."""
+    try:
+        return json.loads(data)
+    except RecursionError as exc:
+        raise ValueError("the JSON is nested too deeply") from exc
