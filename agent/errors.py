@@ -85,7 +85,38 @@ class RuntimeStageError(ShoalError):
 
 
 class PromptTooLongError(ShoalError, ValueError):
-    """The prompt (plus the requested completion) does not fit the model's context."""
+    """The prompt (plus the requested completion) does not fit the model's context. ``figures``: the prompt's
+    tokens, the new tokens asked for (None: no limit named) and the context, so that each front end can word the
+    refusal with its own name for the limit (:meth:`of`)."""
+
+    def __init__(self, message: str, figures: dict[str, int | None] | None = None) -> None:
+        super().__init__(message)
+        self.figures = figures or {}
+
+    @classmethod
+    def of(cls, prompt_tokens: int, max_tokens: int | None, context_tokens: int, setting: str) -> PromptTooLongError:
+        """The refusal of a ``prompt_tokens``-token prompt and ``max_tokens`` new tokens in ``context_tokens``,
+        naming the limit as the asker knows it (``setting``: ``--max-tokens``, ``max_tokens``) where lowering it
+        would do."""
+        room = context_tokens - prompt_tokens
+        if max_tokens is None or room < 1:
+            text = (
+                f"prompt of {prompt_tokens} tokens leaves no room for an answer in the {context_tokens}-token "
+                "context; shorten the prompt"
+            )
+        else:
+            text = (
+                f"prompt of {prompt_tokens} tokens plus {max_tokens} new tokens exceeds the {context_tokens}-token "
+                f"context; shorten the prompt or lower {setting} to {room} or less"
+            )
+        figures = {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "context_tokens": context_tokens}
+        return cls(text, figures)
+
+    @property
+    def lowering_helps(self) -> bool:
+        """Fewer new tokens would fit (else only a shorter prompt does)."""
+        f = self.figures
+        return f.get("max_tokens") is not None and (f.get("context_tokens") or 0) > (f.get("prompt_tokens") or 0)
 
 
 class FleetError(ShoalError):

@@ -213,7 +213,7 @@ class OpenAIEndpoint:
                 if event.logprobs is not None:
                     scored.append(event.logprobs)
             elif event.event == "error":
-                raise HTTPError(event.code, event.text, answered=True)
+                raise HTTPError(event.code, event.text, event.param, answered=True)
             elif event.event == "done":
                 text.append(event.text)
                 body = reply.body("".join(text), str(event.stats["finish_reason"]), scored)
@@ -232,7 +232,7 @@ class OpenAIEndpoint:
             if event.event == "progress":
                 continue  # OpenAI's stream has no such chunk; its clients wait for the first token
             if event.event == "error" and not started:
-                raise HTTPError(event.code, event.text, answered=True)  # nothing sent yet: a proper status
+                raise HTTPError(event.code, event.text, event.param, answered=True)  # nothing sent yet: a proper status
             if not started:
                 headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
                 await send(writer, connection.send(h11.Response(status_code=200, headers=headers)))

@@ -90,7 +90,7 @@ def parse_openai(body: bytes, token: str, *, completion: bool) -> OpenAIRequest:
     fields: dict[str, Any] = {
         "token": token,
         "logprobs": _logprobs(data, completion),
-        "max_tokens": data.get("max_completion_tokens", data.get("max_tokens", 256)),
+        "max_tokens": data.get("max_completion_tokens", data.get("max_tokens")),
         **{name: data[name] for name in (*SAMPLING, "stop") if data.get(name) is not None},
     }
     if completion:

@@ -33,7 +33,9 @@ class ChatRequest:
     token: str
     messages: tuple[tuple[str, str], ...]
     """(role, content) pairs, oldest first; the last is the user's."""
-    max_tokens: int = 256
+    max_tokens: int | None = None
+    """New tokens the answer may have at most; None: 256, or what the context leaves after the prompt if less
+    (``agent.head.chat.check_prompt``)."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -94,8 +96,8 @@ class ChatRequest:
             messages.append((role, content))
         if messages[-1][0] != "user":
             raise ChatProtocolError("the last message must be the user's", param="messages")
-        max_tokens = _typed(data, "max_tokens", int, 256)
-        if max_tokens < 1:
+        max_tokens = _typed(data, "max_tokens", (int, type(None)), None)
+        if max_tokens is not None and max_tokens < 1:
             raise ChatProtocolError("max_tokens must be at least 1", param="max_tokens")
         request = cls(
             token=token,
@@ -193,14 +195,18 @@ class ChatEvent:
     code: str = ""
     """For errors: ``bad_request``, ``unauthorized``, ``prompt_too_long``, ``fleet_busy``, ``ring_unavailable``,
     ``failed``."""
+    param: str | None = None
+    """For errors: the request field at fault, as OpenAI's errors name it (None: no one field is)."""
     logprobs: TokenLogprob | None = None
     """For tokens of a request that asked for them (``ChatRequest.logprobs``)."""
     stats: dict[str, Any] = field(default_factory=dict)
-    """For ``done``: tokens, seconds, steps, drafted, accepted, median_k, finish_reason (``stop``: a stop
-    token or sequence ended it; ``length``: max_tokens did), exact (the ring computed it as plain decoding
-    would: the same question gets the same tokens)... A ``done`` event's ``text`` is the end of the
-    answer's text that no token event carried (held back while it might have begun a stop sequence). For
-    ``progress``: ``done`` and ``total`` prompt positions, ``seconds`` since the answer began."""
+    """For ``done``: tokens, max_tokens (the most the answer was allowed), seconds, steps, drafted, accepted,
+    median_k, finish_reason (``stop``: a stop token or sequence ended it; ``length``: max_tokens did), exact (the
+    ring computed it as plain decoding would: the same question gets the same tokens)... A ``done`` event's
+    ``text`` is the end of the answer's text that no token event carried (held back while it might have begun a
+    stop sequence). For ``progress``: ``done`` and ``total`` prompt positions, ``seconds`` since the answer
+    began. For a ``prompt_too_long`` error: ``prompt_tokens``, ``max_tokens`` (null: none asked) and
+    ``context_tokens``, for a client to word the refusal in its own terms (``PromptTooLongError.of``)."""
 
     def to_line(self) -> bytes:
         body: dict[str, Any] = {"v": PROTOCOL_VERSION, "event": self.event}
@@ -210,6 +216,10 @@ class ChatEvent:
                 body.update(logprobs=self.logprobs.to_json())
         elif self.event == "error":
             body.update(code=self.code, text=self.text)
+            if self.param is not None:
+                body.update(param=self.param)
+            if self.stats:
+                body.update(stats=self.stats)
         elif self.event == "progress":
             body.update(stats=self.stats)
         else:
@@ -228,7 +238,9 @@ class ChatEvent:
             logprobs = TokenLogprob.from_json(scored) if scored is not None else None
             return cls("token", id=token_id, text=_typed(data, "text", str), logprobs=logprobs)
         if kind == "error":
-            return cls("error", code=_typed(data, "code", str), text=_typed(data, "text", str))
+            code, text = _typed(data, "code", str), _typed(data, "text", str)
+            param, stats = _typed(data, "param", (str, type(None)), None), _typed(data, "stats", dict, {})
+            return cls("error", code=code, text=text, param=param, stats=stats)
         if kind == "done":
             return cls("done", stats=_typed(data, "stats", dict), text=_typed(data, "text", str, ""))
         if kind == "progress":
@@ -240,8 +252,8 @@ class ChatEvent:
         raise ChatProtocolError(f"unknown event {kind!r}")
 
     @classmethod
-    def error(cls, code: str, text: str) -> ChatEvent:
-        return cls("error", code=code, text=text)
+    def error(cls, code: str, text: str, param: str | None = None, stats: dict[str, Any] | None = None) -> ChatEvent:
+        return cls("error", code=code, text=text, param=param, stats=stats or {})
 
     @classmethod
     def progress(cls, done: int, total: int, seconds: float) -> ChatEvent:

@@ -48,7 +48,7 @@ from agent.errors import (
     SessionEvictedError,
 )
 from agent.head.adaptive_k import AdaptiveK
-from agent.head.chat import ChatTokenizer, TextStream, check_prompt, check_vocabulary
+from agent.head.chat import DEFAULT_MAX_TOKENS, ChatTokenizer, TextStream, check_prompt, check_vocabulary
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafting import DrafterFactory
 from agent.head.resumable import ResumableTarget
@@ -357,13 +357,24 @@ class ChatService:
             prompt_ids = await loop.run_in_executor(None, tokenizer.encode_chat, request.chat_messages())
         try:
             check_vocabulary(prompt_ids, manifest.arch.vocab_size, tokenizer)
-            check_prompt(prompt_ids, request.max_tokens, manifest.context_tokens)
+            # the refusal names the request's field; a client words it its own way from the figures
+            budget = check_prompt(prompt_ids, request.max_tokens, manifest.context_tokens, setting="max_tokens")
         except ChatProtocolError as exc:
             yield ChatEvent.error(exc.code, str(exc))
             return
         except PromptTooLongError as exc:
-            yield ChatEvent.error("prompt_too_long", str(exc))
+            at_fault = "max_tokens" if exc.lowering_helps else "messages" if request.prompt is None else "prompt"
+            yield ChatEvent.error("prompt_too_long", str(exc), at_fault, exc.figures)
             return
+        if request.max_tokens is None and budget < DEFAULT_MAX_TOKENS:
+            log.info(
+                "node=%s no max_tokens asked: the answer gets %d new tokens, the room a %d-token prompt leaves in "
+                "the %d-token context",
+                self.node,
+                budget,
+                len(prompt_ids),
+                manifest.context_tokens,
+            )
         conversation = self.kept.take(prompt_ids, params)
         if conversation is None and not self.server.table.reserve():
             yield ChatEvent.error(
@@ -380,7 +391,7 @@ class ChatService:
             if conversation is None:
                 conversation = await self._open(request)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
-            events = self._tokens(model, conversation, prompt_ids, request, stats, tally, shown, started)
+            events = self._tokens(model, conversation, prompt_ids, request, budget, stats, tally, shown, started)
             async with contextlib.aclosing(events) as tokens:
                 async for event in tokens:
                     yield event
@@ -438,8 +449,9 @@ class ChatService:
             "done",
             text=shown.rest(),
             stats={
-                "finish_reason": "stop" if shown.stopped or stats.tokens < request.max_tokens else "length",
+                "finish_reason": "stop" if shown.stopped or stats.tokens < budget else "length",
                 "tokens": stats.tokens,
+                "max_tokens": budget,
                 "seconds": round(seconds, 4),
                 "steps": stats.steps + 1,
                 "drafted": stats.drafted,
@@ -460,14 +472,15 @@ class ChatService:
         conversation: KeptConversation,
         prompt_ids: list[int],
         request: ChatRequest,
+        budget: int,
         stats: DecodeStats,
         tally: AnswerTally,
         shown: StopText,
         started: float,
     ) -> AsyncGenerator[ChatEvent, None]:
-        """The token events of one answer (and before its first token, the ``progress`` of a prompt cut into
-        chunks: ``PromptProgress``, its seconds counted from ``started``). The answer survives two failures
-        without the user losing it:
+        """The token events of one answer, ``budget`` of them at most (and before its first token, the
+        ``progress`` of a prompt cut into chunks: ``PromptProgress``, its seconds counted from ``started``). The
+        answer survives two failures without the user losing it:
 
         - a kept session that a stage evicted (it gave the place to a new session) as this turn took it over
           fails at its first step: the answer starts afresh;
@@ -489,7 +502,7 @@ class ChatService:
             tokens = decode(
                 conversation.target,
                 history,
-                max_tokens=request.max_tokens - len(sent),
+                max_tokens=budget - len(sent),
                 stop_ids=tokenizer.stop_ids,
                 params=request.sampling,
                 context_tokens=model.manifest.context_tokens,

@@ -14,7 +14,7 @@ from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.progress import progress_line
 from agent.chat.protocol import ChatEvent, ChatRequest
-from agent.errors import ChatAnswerError
+from agent.errors import ChatAnswerError, PromptTooLongError
 
 
 def run_ask(args: argparse.Namespace, data_dir: Path) -> int:
@@ -125,7 +125,7 @@ async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO 
                 out.flush()
                 mid_line = not event.text.endswith("\n") if event.text else mid_line
             elif event.event == "error":
-                raise ChatAnswerError(f"{event.code}: {event.text}")
+                raise ChatAnswerError(f"{event.code}: {_in_cli_terms(event)}")
             elif event.event == "progress":
                 if event.stats["seconds"] >= PROGRESS_AFTER_SECONDS:  # a short prompt goes in without a word
                     print(f"[{progress_line(event)}]", file=sys.stderr, flush=True)
@@ -139,3 +139,15 @@ async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO 
             out.write("\n")
             out.flush()
         raise
+
+
+def _in_cli_terms(error: ChatEvent) -> str:
+    """An error event's text, a prompt too long for the context worded with this command's ``--max-tokens``."""
+    figures = error.stats
+    if error.code != "prompt_too_long" or not all(
+        isinstance(figures.get(name), int) for name in ("prompt_tokens", "context_tokens")
+    ):
+        return error.text
+    asked = figures.get("max_tokens")
+    max_tokens = asked if isinstance(asked, int) else None
+    return str(PromptTooLongError.of(figures["prompt_tokens"], max_tokens, figures["context_tokens"], "--max-tokens"))

@@ -285,7 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat-file", type=Path, default=None, help="the agent's chat endpoint file (default: <data dir>/chat.json)"
     )
     p.add_argument("--system", default=None, help="a system message before the prompt")
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="the longest answer, in tokens (default: 256, or what the context leaves after the prompt if less)",
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)

@@ -325,12 +325,22 @@ def check_vocabulary(prompt_ids: Sequence[int], vocab_size: int, tokenizer: Toke
         )
 
 
-def check_prompt(prompt_ids: list[int], max_tokens: int, context_tokens: int) -> None:
-    """Refuse, before anything is sent, a prompt that is empty or leaves no room for the reply."""
+DEFAULT_MAX_TOKENS = 256
+"""New tokens an answer may have when its request names no limit (fewer where the context has less room left)."""
+
+
+def check_prompt(
+    prompt_ids: list[int], max_tokens: int | None, context_tokens: int, setting: str = "--max-tokens"
+) -> int:
+    """Refuse, before anything is sent, a prompt that is empty or leaves no room for the reply; return how many new
+    tokens the answer may have: ``max_tokens``, or, when the request names none, :data:`DEFAULT_MAX_TOKENS` or what
+    the context leaves after the prompt, whichever is fewer. ``setting`` names the limit in the refusal as the
+    asker knows it (``--max-tokens`` on the command line, ``max_tokens`` in the API)."""
     if not prompt_ids:
         raise PromptTooLongError("the prompt is empty")
-    if len(prompt_ids) + max_tokens > context_tokens:
-        raise PromptTooLongError(
-            f"prompt of {len(prompt_ids)} tokens plus {max_tokens} new tokens exceeds the "
-            f"{context_tokens}-token context; shorten the prompt or lower --max-tokens"
-        )
+    room = context_tokens - len(prompt_ids)
+    if max_tokens is None and room >= 1:
+        return min(DEFAULT_MAX_TOKENS, room)
+    if max_tokens is not None and max_tokens <= room:
+        return max_tokens
+    raise PromptTooLongError.of(len(prompt_ids), max_tokens, context_tokens, setting)

@@ -38,7 +38,8 @@ def test_request_round_trip() -> None:
 
 def test_defaults() -> None:
     request = ChatRequest.from_line(_line())
-    assert (request.max_tokens, request.temperature, request.seed) == (256, 0.0, None)
+    # no max_tokens: the answer gets what room the context leaves, up to 256 (agent.head.chat.check_prompt)
+    assert (request.max_tokens, request.temperature, request.seed) == (None, 0.0, None)
     assert request.sampling.greedy
 
 
