@@ -342,13 +342,15 @@ class FleetPlanService:
 
     def status(self) -> dict[str, Any]:
         """The ``plan`` section of the agent's status. Besides the plan: ``layers``, the model's decoder layers,
-        and each stage's ``layers`` ``[start, stop)`` (null until the export's manifest is read)."""
+        each stage's ``layers`` ``[start, stop)`` and ``context_tokens``, the export's context (null until the
+        export's manifest is read)."""
         record, names = self.record, self._names()
         document = self.document
         base: dict[str, Any] = {
             "document": document.version if document is not None else 0,
             "model": str(self.model) if self.model is not None else None,
             "export": self.manifest.export_id if self.manifest is not None else None,
+            "context_tokens": self.manifest.context_tokens if self.manifest is not None else None,
             "manifest_error": self._manifest_error,
             "coordinator": names.get(coordinator_of(self.membership.state)),
         }

@@ -259,6 +259,7 @@ class ChatService:
         return {
             "endpoint": f"{self._endpoint.host}:{self._endpoint.port}",
             "http": self._endpoint.http,
+            "context_tokens": self.model.manifest.context_tokens if self.model is not None else None,
             "answered": self.answered,
             "inexact": self.inexact,
             "running": self.server.table.local - len(self.kept),

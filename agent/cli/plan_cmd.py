@@ -185,6 +185,10 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
         f"plan {str(plan.get('hash'))[:12]} epoch {plan.get('epoch')} for document {plan.get('planned_for')} "
         f"(planned by {plan.get('planned_by')}): {'ready' if plan.get('ready') else plan.get('waiting') or ''}"
     ]
+    if plan.get("context_tokens"):
+        lines.append(
+            f"  model {plan.get('model')}, export {plan.get('export')}: context {plan['context_tokens']:,} tokens"
+        )
     for stage in plan.get("stages", []):
         standbys = ", ".join(f"{s['name']} ({_held_text(s)})" for s in stage["standbys"]) or "none"
         lines.append(

@@ -85,9 +85,10 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
     chat = status.get("chat")
     if isinstance(chat, dict):
         inexact = f" ({chat['inexact']} not exact)" if chat.get("inexact") else ""
+        context = f", context {chat['context_tokens']:,} tokens" if chat.get("context_tokens") else ""
         lines.append(
             f"  chats at {chat.get('endpoint')}: {chat.get('answered')} answered{inexact}, "
-            f"{chat.get('running')} running"
+            f"{chat.get('running')} running{context}"
         )
         for done, total in chat.get("prompts_in", []):
             lines.append(f"  a prompt going in: {done:,} of {total:,} positions")

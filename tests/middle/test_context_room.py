@@ -65,3 +65,20 @@ def test_shoal_ask_names_its_option(tmp_path: Path) -> None:
                 await stream_chat(endpoint, request, io.StringIO())
 
     run(main)
+
+
+def test_shoal_status_says_the_context(tmp_path: Path) -> None:
+    from agent.cli.plan_cmd import plan_lines
+    from agent.cli.status_cmd import status_lines
+
+    async def main() -> None:
+        async with _api(tmp_path) as (_ring, daemon, _client):
+            assert daemon.chats is not None
+            chat = daemon.chats.status()
+            assert chat["context_tokens"] == CONTEXT
+            lines = status_lines("127.0.0.1:7000", {"node": "pc1", "stages": [], "chat": chat})
+            assert any(line.startswith("  chats at ") and line.endswith(", context 256 tokens") for line in lines)
+
+    run(main)
+    plan = {"hash": "ab" * 32, "model": "smollm2", "export": "0123abcd", "context_tokens": 8192, "stages": []}
+    assert "  model smollm2, export 0123abcd: context 8,192 tokens" in plan_lines(plan)
