@@ -56,7 +56,7 @@ class LabFleet:
     def shards(self, name: str) -> Path:
         return self.root / "shards" / name
 
-    def start(self, name: str, host: int, *args: str) -> LocalAgent:
+    def start(self, name: str, host: int, *args: str, env: dict[str, str] | None = None) -> LocalAgent:
         identity = self.identity(name, host)
         agent = launch_agent(
             None,
@@ -66,7 +66,7 @@ class LabFleet:
             listen=f"{self.lab.ip(host)}:{PORT}",
             extra_args=[*AGENT_FLAGS, "--shards-dir", str(self.shards(name)), *args],
             wrapper=self.lab.command(host, []),
-            env={"HF_ENDPOINT": self.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"},
+            env={"HF_ENDPOINT": self.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})},
             log_path=self.root / f"{name}.log",
             timeout=60,
         )
@@ -77,13 +77,17 @@ class LabFleet:
         command = self.lab.command(host, [sys.executable, "-m", "agent.cli.main", *map(str, args)])
         return subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", timeout=60)
 
-    def plan(self, name: str) -> dict[str, Any]:
+    def status(self, name: str) -> dict[str, Any]:
+        """The agent's whole status document (``shoal status --json``, asked from inside its host)."""
         host = self.hosts[name]
         done = self.shoal(
             host, "status", f"{self.lab.ip(host)}:{PORT}", "--identity", self.identities[name].cert.parent, "--json"
         )
         assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)["plan"]  # type: ignore[no-any-return]
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    def plan(self, name: str) -> dict[str, Any]:
+        return self.status(name)["plan"]  # type: ignore[no-any-return]
 
     def agreed(self, names: list[str]) -> str | None:
         """The plan hash every agent of ``names`` follows, once the last one's ring is ready (each status is a
