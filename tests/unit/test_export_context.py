@@ -56,7 +56,7 @@ def test_context_asked_for_is_kept_up_to_the_models_positions() -> None:
     folder = Path("unused")
     assert export_context(ExportRequest("m", folder, 1, context_tokens=2048), SMOLLM2, [range(30)]) == 2048
     assert export_context(ExportRequest("m", folder, 1, context_tokens=8192), SMOLLM2, [range(30)]) == 8192
-    with pytest.raises(ExportError, match="--context 16384 exceeds the 8192 positions .* choose 8192 or less"):
+    with pytest.raises(ExportError, match=r"--context 16384 exceeds the 8192 positions .* choose 8192 or less"):
         export_context(ExportRequest("m", folder, 1, context_tokens=16384), SMOLLM2, [range(30)])
     with pytest.raises(ExportError, match="--context must be a positive number"):
         ExportRequest("m", folder, 1, context_tokens=0)
