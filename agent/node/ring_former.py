@@ -307,8 +307,10 @@ class RingFormer:
         says why instead of "downloading 0 %" (a failure to announce is not one more failure of the pass)."""
         problem = problem_text(message)
         if self.membership.me.problem != problem:
-            with contextlib.suppress(ShoalError):
+            try:
                 await self.membership.announce(problem=problem)
+            except Exception as exc:  # the loop this serves must not die of it: the next pass says it again
+                log.debug("node=%s could not announce its stage's problem: %s", self.server.node, exc)
 
     async def _announce(self, stages: tuple[HeldStage, ...]) -> None:
         if self.membership.me.stages != stages:
