@@ -47,7 +47,18 @@ TICK = 0.25
 REPEAT = 2.0
 """Seconds between two sends of an unchanged plan (members whose link came up since get it)."""
 FORGIVE_AFTER = 60.0
-"""Seconds a member on probation must stay a steady member before it counts for the ring's speed again."""
+"""Seconds a member on probation for the first time must stay a steady member before it counts for the ring's
+speed again; each later probation doubles it (:func:`forgive_after`), so that a PC whose user comes and goes,
+or whose network flaps, holds standbys rather than stages."""
+FORGIVE_MAX = 3600.0
+"""The longest probation: a member steady for an hour is trusted again, whatever its history."""
+
+
+def forgive_after(probations: int) -> float:
+    """Seconds of steadiness that end a member's ``probations``-th probation (1, 2, ...): 60, 120, 240 ... 3600."""
+    return min(FORGIVE_MAX, FORGIVE_AFTER * 2 ** min(max(probations, 1) - 1, 16))
+
+
 MANIFEST_RETRY = 5.0
 
 
@@ -96,6 +107,10 @@ class FleetPlanService:
         self._inputs: tuple[Any, ...] | None = None
         self._sent_at = 0.0
         self._steady_since: dict[str, float] = {}
+        self._probations: dict[str, int] = {}
+        """How many times each member was put on probation, as this agent saw it plan (its history as a donor or
+        on the network: the planner's memory, which a new coordinator starts afresh)."""
+        self._on_probation: frozenset[str] = frozenset()
         self._manifest_error: str | None = None
         self.listeners: list[Callable[[], None]] = []
         """Called after the plan, the model or the manifest changed (``agent.node.ring_former``)."""
@@ -223,9 +238,14 @@ class FleetPlanService:
     def _forgiven(self, previous: Plan, members: tuple[Candidate, ...]) -> Plan:
         """``previous`` with the members forgiven that have been steady for :data:`FORGIVE_AFTER` seconds."""
         now = self._clock()
+        for node in previous.probation - self._on_probation:
+            self._probations[node] = self._probations.get(node, 0) + 1
+        self._on_probation = previous.probation
         steady = {c.node for c in members if c.assignable}
         self._steady_since = {n: self._steady_since.get(n, now) for n in previous.probation if n in steady}
-        done = [n for n, since in self._steady_since.items() if now - since >= FORGIVE_AFTER]
+        done = [
+            n for n, since in self._steady_since.items() if now - since >= forgive_after(self._probations.get(n, 1))
+        ]
         return forgive(previous, done) if done else previous
 
     def _follow(self, record: PlanRecord, source: str) -> None:

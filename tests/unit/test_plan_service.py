@@ -7,6 +7,7 @@ import datetime as dt
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import cast
 
 import pytest
 
@@ -18,9 +19,9 @@ from discovery.announcement import Announcement
 from discovery.fleet_document import FleetDocument, ModelSource, Pin
 from discovery.kept import FleetDocumentKeeper, Kept, RevocationKeeper
 from discovery.membership import Member, Membership, MemberState, Source
-from discovery.placement import Assignment, PinOutcome, Plan
+from discovery.placement import Assignment, Candidate, PinOutcome, Plan
 from discovery.plan_codec import PlanRecord
-from discovery.plan_service import FleetPlanService, coordinator_of
+from discovery.plan_service import FORGIVE_MAX, FleetPlanService, coordinator_of, forgive_after
 from discovery.service import MembershipService, MembershipSettings
 from shards.manifest import Manifest
 from tests.support.memory_network import MemoryNetwork
@@ -145,3 +146,28 @@ def test_a_coordinator_that_never_knew_a_revoked_node_voids_a_required_pin_on_it
     assert planned.complete and {planned.node_of(0), planned.node_of(1)} == {node(1), node(3)}
     assert planned.pins[0].reason == "pc2 is revoked; the pin is void, the stage is placed automatically"
     assert planned.assignments[1].reason.endswith("the required pin on pc2 is void: pc2 is revoked")
+
+
+def test_a_member_put_on_probation_again_and_again_waits_longer_each_time() -> None:
+    # issue 43: a PC whose user comes and goes holds standbys rather than stages; each probation doubles the wait
+    assert [forgive_after(n) for n in (1, 2, 3, 7, 100)] == [60.0, 120.0, 240.0, FORGIVE_MAX, FORGIVE_MAX]
+    now = [0.0]
+
+    async def no_manifest(model: object) -> object:
+        raise AssertionError("not asked")
+
+    service = FleetPlanService(cast(MembershipService, None), no_manifest, clock=lambda: now[0])  # type: ignore[arg-type]
+    steady = (Candidate(node(1), "pc1", 8000, 10.0),)
+    flaky = Plan((Assignment(0, node(2)),), probation=frozenset({node(1)}))
+
+    def forgiven_after_seconds() -> float:
+        start = now[0]
+        while node(1) in service._forgiven(flaky, steady).probation:
+            now[0] += 1.0
+        return now[0] - start
+
+    assert forgiven_after_seconds() == 60.0
+    service._forgiven(Plan((Assignment(0, node(2)),)), steady)  # off probation for a while, then on it again
+    assert forgiven_after_seconds() == 120.0
+    service._forgiven(Plan((Assignment(0, node(2)),)), steady)
+    assert forgiven_after_seconds() == 240.0
