@@ -120,8 +120,6 @@ class ChatRequest:
         return request
 
 
-def _stops(value: Any) -> tuple[str, ...]:
-    """``stop``: absent, one string, or a list of at most ``MAX_STOPS`` non-empty strings."""
 def _float(data: dict[str, Any], name: str, default: float) -> float:
     """A number field as a float: an integer too large for one is refused, not raised as ``OverflowError``."""
     try:
@@ -130,6 +128,8 @@ def _float(data: dict[str, Any], name: str, default: float) -> float:
         raise ChatProtocolError(f"field {name!r} is out of range", param=name) from exc
 
 
+def _stops(value: Any) -> tuple[str, ...]:
+    """``stop``: absent, one string, or a list of at most ``MAX_STOPS`` non-empty strings."""
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
