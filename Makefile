@@ -21,7 +21,7 @@ PIP_INSTALL := pip install -q --no-compile
 OLAH_VENV ?= .venv-olah
 OLAH_VERSION ?= 0.5.4
 
-.PHONY: demo test setup clean lock fuzz
+.PHONY: demo test setup clean lock fuzz fuzz-agent
 
 setup: $(VENV)/.installed $(OLAH_VENV)/.installed $(VENV)/.desktop-tools
 
@@ -78,6 +78,12 @@ test: setup
 FUZZ_SECONDS ?= 600
 fuzz: $(VENV)/.installed
 	$(BIN)/python -m tests.fuzz.run --seconds $(FUZZ_SECONDS)
+
+# A live two-stage ring over mutual TLS under a hypothesis state machine of sessions and intrusions
+# (tests/fuzz/test_live_agent.py) for STATEFUL_STEPS rule steps, its figures printed; `make test` runs 300
+STATEFUL_STEPS ?= 10000
+fuzz-agent: $(VENV)/.installed
+	SHOAL_STATEFUL_STEPS=$(STATEFUL_STEPS) $(BIN)/python -m pytest -q -s tests/fuzz/test_live_agent.py
 
 # The donor install's lock (pip install --require-hashes -r packaging/requirements-donor.txt, then
 # pip install --no-deps shoal): pyproject's base dependencies resolved for every OS, with the hashes of their
