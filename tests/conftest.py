@@ -33,12 +33,35 @@ REFERENCE_TOKENS = 32
 token costs a step of each model compared."""
 
 
+NEEDS = ("openvino", "processes", "root")
+"""The markers that say what makes a test slow (pyproject.toml describes each): a test with one is ``slow``,
+any other ``fast``, so ``-m fast`` and ``-m "not slow"`` select the same tests."""
+MODEL_FIXTURES = frozenset({"exported", "hf_model", "hf_reference", "chat_ids", "smollm2_gguf"})
+"""A test that uses one of these fixtures needs a real model (``openvino``)."""
+SLOW_FOLDERS = ("integration", "lab")
+"""Folders whose every test must name what it needs (an unmarked test there would count as fast); tests/lab's
+need root by what the folder is (agents in network namespaces), so they are marked ``lab`` and ``root`` here."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = []
     for item in items:
-        if "integration" in item.path.parts or "lab" in item.path.parts:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.openvino)
+        if "lab" in item.path.parts:
+            item.add_marker(pytest.mark.lab)
+            item.add_marker(pytest.mark.root)
+        if any(item.get_closest_marker(need) for need in NEEDS):
             item.add_marker(pytest.mark.slow)
-        elif not any(m.name == "slow" for m in item.iter_markers()):
+        else:
             item.add_marker(pytest.mark.fast)
+            if any(folder in item.path.parts for folder in SLOW_FOLDERS):
+                unmarked.append(item.nodeid)
+    if unmarked:
+        raise pytest.UsageError(
+            f"tests in tests/integration or tests/lab must say what they need ({', '.join(NEEDS)}): "
+            + ", ".join(unmarked[:5])
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,7 +20,7 @@ from agent.fleet import init_fleet, issue_node
 from agent.node.launcher import launch_agent
 from tests.desktop.test_x11_idle import press_key
 
-pytestmark = [pytest.mark.desktop, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.desktop, pytest.mark.processes, pytest.mark.timeout(120)]
 
 IDLE_SECONDS = 3.0
 

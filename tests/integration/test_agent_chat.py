@@ -41,7 +41,7 @@ from shards.manifest import Manifest
 from tests.conftest import PROMPTS
 from tests.integration.ring_lab import AgentProcess, Fleet, free_port, start_agent, status, wait_for
 
-pytestmark = pytest.mark.ring
+pytestmark = pytest.mark.processes
 MAX_TOKENS = 32
 CHAT_SESSIONS = 2
 LONG_PROMPT = "Write a very long story about a dragon who learns to code."

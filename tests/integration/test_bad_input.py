@@ -15,6 +15,8 @@ import torch
 
 from agent.errors import CorruptCheckpointError
 
+pytestmark = pytest.mark.processes
+
 
 @dataclass
 class CliResult:

@@ -36,6 +36,8 @@ from agent.errors import ChatProtocolError, ConfigError
 from agent.head.chat import ChatTokenizer, TextStream, check_vocabulary
 from agent.head.cross_drafter import TextBridge
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).parents[2]
 
 CORPUS = [

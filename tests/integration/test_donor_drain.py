@@ -40,7 +40,7 @@ from discovery.plan_service import FleetPlanService
 from shards.manifest import Manifest
 from tests.integration.local_decode import greedy_tokens
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.ring, pytest.mark.slow]
+pytestmark = pytest.mark.timeout(300)
 
 PROMPT = "Write a short story about a lighthouse keeper."
 MAX_TOKENS = 48

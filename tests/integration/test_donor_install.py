@@ -23,6 +23,8 @@ import pytest
 from agent.node.launcher import launch_ring
 from tests.integration.ring_lab import Fleet
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).parents[2]
 EXPORT_ONLY = ("torch", "transformers", "nncf", "optimum", "openvino_genai")
 

@@ -12,6 +12,8 @@ import pytest
 
 from shards.manifest import Manifest
 
+pytestmark = pytest.mark.processes
+
 
 def _kv_reads_through_beam_gather(model: ov.Model) -> tuple[int, int]:
     """(number of ReadValue ops, number whose every consumer is Gather(ReadValue, beam_idx, axis 0))."""

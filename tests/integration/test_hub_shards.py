@@ -32,6 +32,8 @@ from shards.manifest import MANIFEST_NAME, Manifest, sha256_file
 from tests.support.flaky_proxy import FlakyProxy
 from tests.support.olah_mirror import OlahMirror
 
+pytestmark = pytest.mark.processes
+
 REPO_ID = "shoal-test/smollm2-int4"
 TAMPERED = "stage-1/openvino_model.xml"
 """The stage file whose one byte the second commit changes (the manifest keeps its old sha256). olah streams

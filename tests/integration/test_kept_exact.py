@@ -22,7 +22,7 @@ from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
 from tests.integration.ring_lab import AgentProcess, Fleet, start_agent
 
-pytestmark = pytest.mark.ring
+pytestmark = pytest.mark.processes
 LIGHTHOUSE = "Describe a lighthouse at night in three sentences."
 LOG = "\n".join(f"{i:04d} worker-{i % 5} handled request {i * 37 % 1009} in {i % 13 + 2} ms" for i in range(40))
 DOCUMENT = f"Summarise this log in one sentence:\n{LOG}"  # about 700 positions: a whole chunk of 512 and more

@@ -31,7 +31,7 @@ from shards.manifest import Manifest
 from tests.support.flaky_proxy import FlakyProxy
 from tests.support.olah_mirror import OlahMirror
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.ring, pytest.mark.slow]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 REPO_ID = "shoal-test/outage"
 

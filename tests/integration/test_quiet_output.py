@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 COMPRESS_A_TOY_GRAPH = """
 import logging, sys
 import numpy as np, openvino as ov

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.ring, pytest.mark.slow]
+pytestmark = pytest.mark.processes
 
 README = Path(__file__).parents[2] / "README.md"
 BLOCKS = ("shoal fleet init && for n in s0 s1 s2 me", "shoal fleet issue chat", "F=~/.local/share/shoal/chat.json")

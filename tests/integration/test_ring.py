@@ -33,7 +33,7 @@ from shards.manifest import Manifest
 from tests.conftest import PROMPTS, REFERENCE_PROMPTS, REFERENCE_TOKENS, greedy
 from tests.integration.ring_lab import AgentProcess, Fleet, status
 
-pytestmark = pytest.mark.ring
+pytestmark = pytest.mark.processes
 GREEDY = SamplingParams()
 N_TOKENS = REFERENCE_TOKENS
 SPEC_TOKENS = 16

@@ -22,7 +22,7 @@ from agent.fleet import NodeIdentity
 from tests.integration.netlab import NetLab
 from tests.integration.ring_lab import Fleet, start_agent, wait_for
 
-pytestmark = pytest.mark.ring
+pytestmark = [pytest.mark.processes, pytest.mark.root]
 SHORT = "Name three colours."
 LONG = "Write a very long story about a dragon who learns to code."  # SmolLM2 writes 400+ tokens (1 to 3 for others)
 # keepalive 1/1/3 and a 3 s user timeout notice a cut in ~3-4.5 s (tune_socket); the rest is slack for a busy CI

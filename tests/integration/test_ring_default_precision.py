@@ -21,7 +21,7 @@ from shards.manifest import Manifest
 from tests.conftest import REFERENCE_PROMPTS, REFERENCE_TOKENS
 from tests.integration.ring_lab import AgentProcess, Fleet, status
 
-pytestmark = pytest.mark.ring
+pytestmark = pytest.mark.processes
 GREEDY = SamplingParams()
 
 

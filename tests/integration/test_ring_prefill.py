@@ -26,7 +26,7 @@ from agent.transport.network import TlsNetwork
 from shards.manifest import Manifest
 from tests.integration.ring_lab import AgentProcess, Fleet, start_ring
 
-pytestmark = pytest.mark.ring
+pytestmark = pytest.mark.processes
 ANSWER_TOKENS = 8
 
 

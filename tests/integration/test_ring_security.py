@@ -26,7 +26,7 @@ from shards.manifest import Manifest
 from tests.integration.ring_lab import AgentProcess, Fleet, free_port, start_agent, status, wait_for
 from tests.integration.test_ring import _client, _generate
 
-pytestmark = pytest.mark.ring
+pytestmark = pytest.mark.processes
 
 
 def _protocol_errors(agent: AgentProcess) -> int:

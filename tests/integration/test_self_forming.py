@@ -37,7 +37,7 @@ from discovery.plan_service import FleetPlanService
 from shards.manifest import Manifest
 from tests.integration.local_decode import greedy_tokens
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.ring, pytest.mark.slow]
+pytestmark = pytest.mark.timeout(300)
 
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 12

@@ -24,7 +24,7 @@ from agent.node.launcher import READY, LocalAgent
 from agent.node.running import RUNNING_FILE
 from tests.integration.ring_lab import Fleet, start_agent, status, wait_for
 
-pytestmark = [pytest.mark.ring, pytest.mark.slow]
+pytestmark = pytest.mark.processes
 
 
 def unit_start(unit: str) -> tuple[list[str], dict[str, str], dict[str, str]]:

@@ -23,7 +23,6 @@ from shards.manifest import Manifest
 from tests.unit.spec_stats import chi_square_pvalue, emitted_token_histograms
 from tests.unit.test_speculative import BROKEN
 
-pytestmark = pytest.mark.ring
 PARAMS = SamplingParams(temperature=1.0, top_k=40)
 SAMPLES = 20_000
 BROKEN_SAMPLES = 2_000

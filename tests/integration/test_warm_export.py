@@ -12,6 +12,8 @@ import pytest
 
 from shards.manifest import Manifest
 
+pytestmark = pytest.mark.processes
+
 
 def test_a_current_export_is_reused_without_opening_or_hashing_its_checkpoint(
     exported: Callable[..., Path], cache_dir: Path, monkeypatch: pytest.MonkeyPatch

@@ -28,7 +28,7 @@ from agent.fleet.enrollment import JoinToken, create_token
 from agent.node.launcher import LocalAgent, launch_agent
 from tests.integration.netlab import NetLab
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 HOSTS = 5
 PORT = 7100

@@ -26,7 +26,7 @@ from tests.integration.netlab import NetLab
 from tests.support.olah_mirror import OlahMirror
 from tests.support.plan_fleet import MAX_TOKENS, PORT, PROMPT, LabFleet
 
-pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
 
 HOSTS = 5
 MIRROR_HOST = 5

@@ -6,13 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.middle.test_openai_api import MAX_TOKENS, QUESTION, _api
 from tests.middle.toy_ring import run
 from tests.support.metric_samples import metric_samples as _samples
-
-pytestmark = pytest.mark.api
 
 
 def test_metrics_parse_and_move_by_one_answer(tmp_path: Path) -> None:

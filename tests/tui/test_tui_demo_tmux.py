@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.tui, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.tui, pytest.mark.processes, pytest.mark.timeout(400)]
 
 SESSION = f"shoal-demo-test-{os.getpid()}"
 QUESTION = "What is the capital of France?"

@@ -29,7 +29,7 @@ from tui.generation import GenerationSettings
 from tui.sources import EndpointChatSource, LinkPeerStatus, LinkStatusSource
 from tui.store import ConversationStore
 
-pytestmark = [pytest.mark.tui, pytest.mark.ring, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.tui, pytest.mark.timeout(300)]
 
 PROMPT = "What is the capital of France?"
 MAX_TOKENS = 12

@@ -40,7 +40,7 @@ from tui.generation import GenerationSettings
 from tui.sources import EndpointChatSource, LinkStatusSource
 from tui.store import ConversationStore
 
-pytestmark = [pytest.mark.tui, pytest.mark.ring, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.tui, pytest.mark.processes, pytest.mark.timeout(420)]
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 MAX_TOKENS = 120

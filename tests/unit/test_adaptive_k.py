@@ -7,8 +7,6 @@ import pytest
 
 from agent.head.adaptive_k import AdaptiveK
 
-pytestmark = pytest.mark.ring
-
 LAN = (0.001, 0.0003)  # a: round trip + fixed cost, b: cost per extra position (seconds)
 WAN = (0.200, 0.0003)
 

@@ -9,8 +9,6 @@ import pytest
 from agent.errors import ConfigError
 from agent.node.config import load_agent_config, parse_address
 
-pytestmark = pytest.mark.ring
-
 
 def test_file_then_flags(tmp_path: Path) -> None:
     config_file = tmp_path / "agent.toml"

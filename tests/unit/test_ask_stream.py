@@ -13,8 +13,6 @@ from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.cli.ask_cmd import stream_chat
 from agent.errors import ShoalError
 
-pytestmark = pytest.mark.fast
-
 ANSWER = [
     ChatEvent.progress(512, 1536, 0.4),
     ChatEvent.progress(1024, 1536, 1.3),

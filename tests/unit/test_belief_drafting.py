@@ -5,15 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-import pytest
-
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import Draft
 from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import VOCAB, ScriptedTarget, next_greedy, plain_greedy
-
-pytestmark = [pytest.mark.fast, pytest.mark.ring]
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
 

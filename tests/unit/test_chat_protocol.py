@@ -12,8 +12,6 @@ from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 from agent.errors import ChatEndpointError, ChatProtocolError
 
-pytestmark = pytest.mark.ring
-
 
 def _line(**fields: object) -> bytes:
     body: dict[str, object] = {"v": 1, "token": "t", "messages": [{"role": "user", "content": "hi"}]}

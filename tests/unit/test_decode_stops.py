@@ -14,8 +14,6 @@ from agent.head.drafters import Draft, NGramDrafter
 from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import ScriptedTarget, plain_greedy
 
-pytestmark = pytest.mark.ring
-
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
 PLAIN = plain_greedy(PROMPT, 200)
 

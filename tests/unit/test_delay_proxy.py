@@ -11,8 +11,6 @@ import pytest
 
 from tests.support.delay_proxy import DelayProxy, parse_hostport
 
-pytestmark = pytest.mark.ring
-
 
 async def _echo_server() -> asyncio.Server:
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -22,8 +22,6 @@ from agent.head.turn import HeadTurn
 from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import VOCAB, ScriptedTarget, next_greedy, plain_greedy
 
-pytestmark = pytest.mark.ring
-
 
 class NoisyDraftSession:
     """A draft model's cache: the tokens fed so far. It predicts the scripted target's next token,

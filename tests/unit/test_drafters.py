@@ -9,8 +9,6 @@ import pytest
 
 from agent.head.drafters import Draft, Drafter, HybridDrafter, NGramDrafter
 
-pytestmark = pytest.mark.ring
-
 
 def _brute_force(context: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
     """The definition, without an index: most recent earlier match of the longest suffix, copied onwards."""

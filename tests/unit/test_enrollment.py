@@ -49,7 +49,7 @@ from agent.fleet.enrollment import (
 )
 from agent.transport.tls import client_context, peer_name, server_context
 
-pytestmark = [pytest.mark.timeout(30), pytest.mark.ring]
+pytestmark = pytest.mark.timeout(30)
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="file modes are POSIX")
 LOOPBACK = "127.0.0.1"
 TIMEOUT = 5.0

@@ -26,8 +26,6 @@ from agent.fleet import (
     revoke_node,
 )
 
-pytestmark = pytest.mark.ring
-
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="file modes are POSIX")
 
 

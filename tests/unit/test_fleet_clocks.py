@@ -26,7 +26,7 @@ from agent.fleet.authority import load_ca, node_certificate, write_atomic
 from discovery.service import MembershipService
 from tests.unit.test_fleet_members import agent, members, until
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.ring]
+pytestmark = pytest.mark.timeout(60)
 DAYS_2 = 2 * 86400.0
 BEHIND = "pc3's clock is 2 days behind this PC's (pc1): pc1's certificate is not yet valid by it; set pc3's clock (NTP)"
 """What pc1 (whose clock is right) says of pc3."""

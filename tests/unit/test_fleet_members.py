@@ -27,7 +27,7 @@ from discovery.admin import push_revocations
 from discovery.announcement import Announcement
 from discovery.service import MembershipService
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.ring]
+pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")

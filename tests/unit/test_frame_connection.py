@@ -17,7 +17,7 @@ from agent.transport.tls import client_context, server_context
 from agent.wire import Frame, FrameType, encode_frame
 from tests.integration.ring_lab import free_port
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.ring]
+pytestmark = pytest.mark.timeout(60)
 
 Peer = Callable[[asyncio.StreamWriter], Awaitable[None]]
 STEP = Frame.tensor(FrameType.STEP, np.arange(6, dtype=np.int32).reshape(1, 6), session=7, step=3, count=6)

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from agent.head.turn import HeadTurn
-
-pytestmark = [pytest.mark.fast, pytest.mark.ring]
 
 
 def test_wanted_while_a_session_queues_but_not_for_spare_work() -> None:

@@ -14,8 +14,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import decode
 from agent.head.drafters import Draft
@@ -25,8 +23,6 @@ from tests.unit.scripted_target import ScriptedTarget, next_greedy, plain_greedy
 
 JOB_S = 0.004
 TICK_S = 0.025  # answers arrive on these ticks: longer than a step's local work (2 jobs)
-
-pytestmark = [pytest.mark.fast, pytest.mark.ring]
 
 
 class HeadLocalTarget(ScriptedTarget):

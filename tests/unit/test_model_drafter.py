@@ -8,8 +8,6 @@ import pytest
 from agent.head.model_drafter import ModelDrafter
 from agent.sampling.params import SamplingParams
 
-pytestmark = [pytest.mark.fast, pytest.mark.ring]
-
 VOCAB = 8
 # The draft's top-1 probability after each number of tokens it holds beyond the context (greedy token: 3).
 CHANCES = [0.9, 0.8, 0.5, 0.95, 0.95, 0.95]

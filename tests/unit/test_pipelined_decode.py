@@ -21,8 +21,6 @@ from agent.sampling.keyed import PositionNoise
 from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import VOCAB, ScriptedTarget, dist_at, next_greedy, plain_greedy
 
-pytestmark = pytest.mark.ring
-
 
 class AlwaysDrafter:
     """Drafts the same token K times, believed fully: every continuation is sent."""

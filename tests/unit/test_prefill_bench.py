@@ -21,8 +21,6 @@ from bench.prefill_bench import (
     token_counts,
 )
 
-pytestmark = pytest.mark.fast
-
 
 class SplittingTokenizer:
     """A toy subword tokenizer: BOS, then a word of more than five letters in two pieces (head, tail), any other

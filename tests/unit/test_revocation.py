@@ -24,7 +24,6 @@ from agent.fleet import (
 )
 from agent.fleet.authority import load_ca
 
-pytestmark = pytest.mark.ring
 NOW = dt.datetime(2030, 5, 1, 12, 0, tzinfo=dt.UTC)
 
 

@@ -10,8 +10,6 @@ import pytest
 
 from bench.ring_bench import RingSettings, _settings_json, add_arguments, build_report, render_markdown
 
-pytestmark = pytest.mark.ring
-
 CONFIGS = ("mono", "pp", "pp+sd", "pp+mb", "pp+sd+mb")
 
 

@@ -10,8 +10,6 @@ import pytest
 from bench import BenchError
 from bench.ring_bench import DEFAULT_LATENCIES, RingSettings, Setup, add_arguments
 
-pytestmark = pytest.mark.ring
-
 
 def _settings(*argv: str) -> RingSettings:
     parser = argparse.ArgumentParser()

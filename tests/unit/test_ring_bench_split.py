@@ -8,8 +8,6 @@ import pytest
 
 from bench.ring_bench import time_split
 
-pytestmark = pytest.mark.ring
-
 
 def _run(**overrides: Any) -> dict[str, Any]:
     """One 1-user run of 100 tokens in 1.0 s: 0.4 s stage 0 (0.38 in `infer`), 0.45 s on the agent."""

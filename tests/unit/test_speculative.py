@@ -15,8 +15,6 @@ from agent.head.speculative import Verdict, verify_greedy, verify_sampled
 from agent.sampling.distribution import SparseDistribution, decode_many, encode_many
 from tests.unit.spec_stats import chi_square_pvalue, emitted_token_histograms
 
-pytestmark = pytest.mark.ring
-
 N = 20_000
 GOOD = 1e-3  # a correct rule must not look this unlikely
 BAD = 1e-6  # a broken rule must look at least this unlikely

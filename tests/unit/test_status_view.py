@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from agent.cli.status_cmd import status_lines
-
-pytestmark = pytest.mark.fast
 
 
 def agent_status() -> dict[str, Any]:

@@ -6,8 +6,6 @@ import pytest
 
 from agent.node.step_times import StepTimes
 
-pytestmark = pytest.mark.fast
-
 
 def test_each_step_counts_in_every_bucket_at_or_above_its_duration() -> None:
     times = StepTimes(bounds=(0.01, 0.1, 1.0))

@@ -24,7 +24,7 @@ from agent.transport.sockets import tune_socket
 from agent.transport.tls import client_context, peer_name, server_context
 
 TIMEOUT = 5.0
-pytestmark = [pytest.mark.timeout(60), pytest.mark.ring]
+pytestmark = pytest.mark.timeout(60)
 
 
 @dataclass

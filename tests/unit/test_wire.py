@@ -12,8 +12,6 @@ from agent.wire import HEADER_SIZE, DType, Frame, FrameDecoder, FrameType, StepF
 from agent.wire.frames import HEADER, MAGIC, PROTOCOL_VERSION
 from agent.wire.messages import ErrorReport, Hello, SessionOpen, parse
 
-pytestmark = pytest.mark.ring
-
 
 def _bytes(frame: Frame) -> bytes:
     return b"".join(bytes(part) for part in encode_frame(frame))

@@ -12,8 +12,6 @@ from agent.node.config import load_agent_config
 from agent.runtime.protocol import wire_numpy_dtype
 from agent.runtime.stage import _compiled_precision
 
-pytestmark = pytest.mark.ring
-
 
 class CompiledWith:
     """Answers INFERENCE_PRECISION_HINT as a compiled model does (None: a device without the property)."""
