@@ -15,17 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import FleetError
+from agent.files import folder_lock, write_atomic
 from agent.fleet import NodeIdentity
-from agent.fleet.authority import (
-    EnrolledNode,
-    FleetPaths,
-    enrolled_nodes,
-    fleet_id_of,
-    fleet_lock,
-    load_ca,
-    read_certificate,
-    write_atomic,
-)
+from agent.fleet.authority import EnrolledNode, FleetPaths, enrolled_nodes, fleet_id_of, load_ca, read_certificate
 from agent.fleet.revocation import RevocationList, RevokedNode, fleet_revokes, revoke_node
 from agent.transport.connection import expect
 from agent.transport.network import TlsNetwork
@@ -61,7 +53,7 @@ def edit_fleet_document(
     """Write the next version of the fleet folder's document, ``change(current, now)``, signed with the CA key;
     returns it and its signed bytes (what is pushed). Needs the CA key (run where ``shoal fleet init`` was)."""
     ca_key, _ = load_ca(fleet_dir)
-    with fleet_lock(fleet_dir):
+    with folder_lock(fleet_dir):
         current = current_fleet_document(fleet_dir)
         now = dt.datetime.now(dt.UTC).replace(microsecond=0)
         result = change(current, now)

@@ -30,7 +30,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import FleetError
-from agent.fleet.authority import FLEET_ID_RE, NODE_NAME_RE, parse_utc, utc_iso
+from agent.files import parse_utc, utc_iso
+from agent.fleet.authority import FLEET_ID_RE, NODE_NAME_RE
 from agent.fleet.signed import check_fleet, sign_document, verify_document
 from agent.wire.jsonbody import loads_json
 

@@ -15,7 +15,7 @@ from typing import Generic, Protocol, Self, TypeVar
 from cryptography import x509
 
 from agent.errors import FleetError
-from agent.fleet.authority import write_atomic
+from agent.files import write_atomic
 from agent.fleet.revocation import RevocationList
 from discovery.fleet_document import FleetDocument
 

@@ -13,12 +13,12 @@ import asyncio
 import datetime as dt
 from pathlib import Path
 
+from agent.addresses import format_address, parse_address
 from agent.cli.fleet_cmd import local_ipv4, node_rows, voided_pin_lines
 from agent.errors import FleetError, ShoalError
 from agent.fleet import NodeIdentity
 from agent.fleet.authority import FleetPaths
-from agent.fleet.enrollment import DEFAULT_PORT, DEFAULT_TTL, create_token, format_host_port
-from agent.node.config import parse_address
+from agent.fleet.enrollment import DEFAULT_PORT, DEFAULT_TTL, create_token
 from agent.node.running import running_agent
 from discovery import control
 from discovery.admin import current_fleet_document, edit_fleet_document, pin_node, push_document, revoke
@@ -97,7 +97,7 @@ class FleetAdmin:
             address = (host or "127.0.0.1", DEFAULT_PORT)
             if host is None:
                 note = "This PC has no network address but loopback: `shoal fleet token --address` names another."
-        where = format_host_port(address)
+        where = format_address(address)
         return JoinInvite(
             command=f"shoal join {token}@{where}",
             token_id=token.token_id,

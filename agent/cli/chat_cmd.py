@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.addresses import parse_address
 from agent.chat.endpoint import ChatEndpoint
 from agent.cli.common import identity_dir
 from agent.cli.status_link import StatusLink
 from agent.errors import FleetError, PeerUnavailableError
 from agent.fleet import NodeIdentity
-from agent.node.config import parse_address
 from agent.node.running import running_agent
 
 if TYPE_CHECKING:

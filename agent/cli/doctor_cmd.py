@@ -13,13 +13,13 @@ from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 
+from agent.addresses import parse_address
 from agent.cli.common import identity_dir
 from agent.cli.status_link import StatusLink
 from agent.daemon import software_version
 from agent.donor.idle import IdleSource, describe_problems, pick_source
 from agent.errors import FleetError, RingError
 from agent.fleet import NodeIdentity, read_certificate
-from agent.node.config import parse_address
 from agent.node.running import running_agent
 from discovery.doctor import Finding, check_agent, check_certificate, check_idle, check_members, check_multicast
 from discovery.kept import revocation_keeper

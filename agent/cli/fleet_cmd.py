@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from agent.addresses import format_address, parse_address
 from agent.cli.common import identity_dir
 from agent.errors import FleetError
 from agent.fleet.authority import (
@@ -27,15 +28,8 @@ from agent.fleet.authority import (
     issue_node,
     read_certificate,
 )
-from agent.fleet.enrollment import (
-    DEFAULT_PORT,
-    EnrollmentServer,
-    create_token,
-    format_host_port,
-    parse_host_port,
-)
+from agent.fleet.enrollment import DEFAULT_PORT, EnrollmentServer, create_token
 from agent.fleet.revocation import fleet_revocations
-from agent.node.config import parse_address
 from discovery.admin import Revocation, push_document, revoke
 
 _DURATION_RE = re.compile(r"(\d+)([smhd])")
@@ -134,14 +128,14 @@ def _token(args: argparse.Namespace, fleet_dir: Path) -> int:
     if args.uses < 1:
         raise FleetError(f"--uses must be at least 1, not {args.uses}")
     if args.address is not None:
-        address = parse_host_port(args.address, default_port=DEFAULT_PORT)
+        address = parse_address(args.address, default_port=DEFAULT_PORT, any_port=False, empty_host=None)
     else:
         address = (local_ipv4() or "127.0.0.1", DEFAULT_PORT)
     ttl = duration(args.ttl)
     token = create_token(fleet_dir, ttl=ttl, uses=args.uses)
     expires = dt.datetime.now(dt.UTC) + ttl
     uses = "once" if args.uses == 1 else f"{args.uses} times"
-    where = format_host_port(address)
+    where = format_address(address)
     print(f"join token {token.token_id}: valid until {expires:%Y-%m-%d %H:%M} UTC, usable {uses}")
     print("on the new PC, run:")
     print()
@@ -173,7 +167,7 @@ def local_ipv4() -> str | None:
 
 
 def _serve_enrollment(args: argparse.Namespace, fleet_dir: Path) -> int:
-    listen = parse_host_port(args.listen, default_port=DEFAULT_PORT, listen=True)
+    listen = parse_address(args.listen, default_port=DEFAULT_PORT, empty_host=None)
     logger = logging.getLogger("agent.fleet.enrollment")
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)  # each join and refusal, one line on stderr
@@ -194,7 +188,7 @@ async def _serve_until_stopped(server: EnrollmentServer) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # Windows: no signal handlers on the loop; Ctrl-C raises
             loop.add_signal_handler(signum, stop.set)
-    print(f"shoal fleet serve-enrollment: ready listen={format_host_port(address)}", flush=True)
+    print(f"shoal fleet serve-enrollment: ready listen={format_address(address)}", flush=True)
     try:
         await stop.wait()
     finally:

@@ -43,8 +43,8 @@ class HeadOptions:
 
 
 def run_generate(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
+    from agent.addresses import parse_address
     from agent.cli.common import identity_dir
-    from agent.node.config import parse_address
 
     ring = tuple(parse_address(a) for a in args.ring.split(",")) if args.ring else ()
     options = HeadOptions(

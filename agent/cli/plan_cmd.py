@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.addresses import parse_address
 from agent.cli.common import identity_dir
 from agent.cli.status_link import fetch_status
 from agent.errors import FleetError, PeerUnavailableError, RingError
 from agent.fleet import NodeIdentity
-from agent.node.config import parse_address
 from agent.node.running import running_agent
 from discovery import control
 from discovery.admin import current_fleet_document, edit_fleet_document, pin_node, push_document

@@ -521,10 +521,10 @@ def agent_state(identity_dir: Path) -> str:
 
 def _status_lines(identity_dir: Path) -> list[str]:
     """The first lines of ``shoal status`` for the agent running with this identity."""
+    from agent.addresses import parse_address
     from agent.cli.status_cmd import status_lines
     from agent.cli.status_link import fetch_status
     from agent.fleet import NodeIdentity
-    from agent.node.config import parse_address
     from agent.node.running import running_agent
 
     address = running_agent(identity_dir)

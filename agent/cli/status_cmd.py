@@ -9,12 +9,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from agent.addresses import parse_address
 from agent.cli.common import identity_dir
 from agent.cli.plan_cmd import plan_lines
 from agent.cli.status_link import fetch_status
 from agent.errors import ConfigError
 from agent.fleet import NodeIdentity
-from agent.node.config import parse_address
 from agent.node.running import running_agent
 
 

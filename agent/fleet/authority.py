@@ -12,27 +12,18 @@ A fleet folder looks like this::
     <dir>/revocations.json       the signed revocation list (``agent.fleet.revocation``)
 
 Every key is EC P-256: small certificates, fast handshakes, supported by every TLS stack we meet.
-Files are written atomically (temp file + ``os.replace``) so that a crash never leaves a
-half-written key or certificate behind for the agent to choke on. The JSON files are read, changed and
-written back under :func:`fleet_lock`, so that two commands (``shoal fleet token`` while
-``shoal fleet serve-enrollment`` redeems one) never lose each other's change.
+Files are written whole or not at all, and the JSON files changed under the folder's lock (``agent.files``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import ipaddress
-import json
-import os
 import re
-import tempfile
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -41,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, ObjectIdentifier
 
 from agent.errors import FleetError
+from agent.files import LOCK_NAME, folder_lock, make_dir, parse_utc, read_json, utc_iso, write_atomic, write_json
 
 CA_VALIDITY_DAYS = 3650
 # Certificates start a few minutes in the past: office PCs' clocks drift, and a certificate that
@@ -86,7 +78,7 @@ class FleetPaths:
 
     @property
     def lock(self) -> Path:
-        return self.root / ".lock"
+        return self.root / LOCK_NAME
 
     def node_dir(self, node: str) -> Path:
         """The default identity folder of ``node`` (the name is validated first)."""
@@ -305,7 +297,7 @@ def issue_node(
     from agent.fleet.revocation import fleet_revokes
 
     folder = Path(out) if out is not None else paths.node_dir(node)
-    with fleet_lock(paths.root):
+    with folder_lock(paths.root):
         enrolled = enrolled_nodes(paths.root)  # a malformed registry stops us before anything is written
         named = not force and any(e.name == node for e in enrolled)  # only then is the revocation list read
         taken = namesakes(enrolled, fleet_revokes(paths.root), node) if named else []
@@ -466,7 +458,7 @@ def namesakes(
 
 
 def record_enrollment(dir: Path, cert: x509.Certificate, how: str, now: dt.datetime | None = None) -> EnrolledNode:
-    """Add ``cert`` to ``<dir>/enrolled.json``; the caller holds :func:`fleet_lock`."""
+    """Add ``cert`` to ``<dir>/enrolled.json``; the caller holds :func:`agent.files.folder_lock`."""
     paths = FleetPaths(Path(dir))
     entry = EnrolledNode.of(cert, how, now)
     _write_enrolled(paths, (*enrolled_nodes(paths.root), entry))
@@ -520,105 +512,3 @@ def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-
-
-def make_dir(folder: Path) -> None:
-    """Create ``folder`` (and its parents), private to its owner where the OS honours modes."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise FleetError(f"cannot create {folder}: {exc}") from exc
-
-
-def write_atomic(path: Path, data: bytes, private: bool) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``."""
-    try:
-        # mkstemp creates the file 0600 from the start, so a private key is never readable by
-        # others, not even for the moment between creation and chmod.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise FleetError(f"cannot write {path}: {exc}") from exc
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if not private:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise FleetError(f"cannot write {path}: {exc}") from exc
-        raise
-
-
-def write_json(path: Path, doc: object, private: bool) -> None:
-    """Write ``doc`` as indented JSON with :func:`write_atomic`."""
-    write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), private=private)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, None if there is no such file; :class:`FleetError` if it is not one."""
-    try:
-        doc = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise FleetError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise FleetError(f"{path} is malformed (not a JSON object)")
-    return doc
-
-
-def utc_iso(when: dt.datetime) -> str:
-    """``2025-01-31T12:00:00Z``: how the fleet's JSON files write a moment (seconds, UTC)."""
-    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_utc(text: str, where: object) -> dt.datetime:
-    """The moment :func:`utc_iso` wrote; :class:`FleetError` naming ``where`` if it is not one."""
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise FleetError(f"{where} is malformed (bad time {text!r})") from exc
-    if when.tzinfo is None:
-        raise FleetError(f"{where} is malformed (time {text!r} has no time zone)")
-    return when.astimezone(dt.UTC)
-
-
-LOCK_TIMEOUT = 10.0
-"""Seconds to wait for the fleet folder's lock (holders keep it for milliseconds)."""
-STALE_LOCK = 60.0
-"""A lock file older than this was left by a process that died while holding it."""
-
-
-@contextlib.contextmanager
-def fleet_lock(dir: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
-    """Hold ``<dir>/.lock`` (an exclusively created file: works across processes, on every OS) while a
-    JSON file of the fleet folder is read, changed and written back. It blocks: call it off the event loop."""
-    path = FleetPaths(Path(dir)).lock
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            break
-        except FileExistsError:
-            with contextlib.suppress(OSError):
-                if time.time() - path.stat().st_mtime > STALE_LOCK:
-                    path.unlink()
-                    continue
-            if time.monotonic() > deadline:
-                raise FleetError(
-                    f"{path} is held by another shoal command; if none is running, remove that file"
-                ) from None
-            time.sleep(0.01)
-        except OSError as exc:
-            raise FleetError(f"cannot lock {path}: {exc}") from exc
-    try:
-        with contextlib.suppress(OSError):
-            os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        yield
-    finally:
-        path.unlink(missing_ok=True)

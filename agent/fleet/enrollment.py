@@ -54,29 +54,24 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from agent.errors import FleetError, PeerUnavailableError, ShoalError
+from agent.addresses import format_address, parse_address
+from agent.errors import ConfigError, FleetError, PeerUnavailableError, ShoalError
+from agent.files import folder_lock, make_dir, parse_utc, read_json, utc_iso, write_atomic, write_json
 from agent.fleet.authority import (
     EnrolledNode,
     FleetPaths,
     NodeIdentity,
     common_name,
     enrolled_nodes,
-    fleet_lock,
     key_pem,
     load_ca,
-    make_dir,
     namesakes,
     node_certificate,
     node_id_of_key,
-    parse_utc,
-    read_json,
     record_enrollment,
     sign_certificate,
     spki_sha256,
-    utc_iso,
     validate_node_name,
-    write_atomic,
-    write_json,
 )
 from agent.fleet.revocation import load_revocations
 from agent.wire.jsonbody import loads_json
@@ -155,35 +150,10 @@ def parse_join_address(text: str) -> tuple[JoinToken, tuple[str, int]]:
     token_text, sep, address = text.strip().rpartition("@")
     if not sep:
         raise FleetError(f"expected TOKEN@HOST:PORT (as `shoal fleet token` prints it), not {_redact(text)!r}")
-    return JoinToken.parse(token_text), parse_host_port(address)
-
-
-def parse_host_port(text: str, default_port: int | None = None, listen: bool = False) -> tuple[str, int]:
-    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``; ``HOST`` alone when ``default_port`` is given) -> (host, port).
-
-    Port 0 (any free port) only where one listens (``listen``)."""
-    text = text.strip()
-    if text.startswith("["):
-        host, bracket, rest = text[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise FleetError(f"address {text!r} is not HOST:PORT")
-        port_text = rest[1:] if rest else ""
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-    elif ":" not in text:
-        host, port_text = text, ""
-    else:  # a bare IPv6 address: no way to tell a port from its last group
-        raise FleetError(f"address {text!r} is not HOST:PORT: write an IPv6 address as [ADDR]:PORT")
-    if not port_text and default_port is not None:
-        port_text = str(default_port)
-    if not host or not port_text.isdigit() or not (0 if listen else 1) <= int(port_text) < 65536:
-        raise FleetError(f"address {text!r} is not HOST:PORT")
-    return host, int(port_text)
-
-
-def format_host_port(address: tuple[str, int]) -> str:
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        return JoinToken.parse(token_text), parse_address(address, any_port=False, empty_host=None)
+    except ConfigError as exc:  # the token's address is the token's trouble
+        raise FleetError(str(exc)) from exc
 
 
 def _redact(text: str) -> str:
@@ -265,7 +235,7 @@ def create_token(
         raise FleetError(f"a token must allow at least one use, not {uses}")
     now = (now if now is not None else _utcnow()).replace(microsecond=0)
     _, ca_cert = load_ca(fleet_dir)
-    with fleet_lock(fleet_dir):
+    with folder_lock(fleet_dir):
         tokens = load_tokens(fleet_dir)
         token_id = _new_token_id(tokens)
         token = JoinToken(token_id, secrets.token_hex(16), spki_sha256(ca_cert))
@@ -394,7 +364,7 @@ def redeem(
     now = now if now is not None else _utcnow()
     ca_key, ca_cert = load_ca(fleet_dir)
     paths = FleetPaths(Path(fleet_dir))
-    with fleet_lock(paths.root):
+    with folder_lock(paths.root):
         tokens = load_tokens(paths.root)
         reason = check_token(tokens, token_id, csr_der, mac, now)
         if reason is not None:
@@ -473,11 +443,11 @@ class EnrollmentServer:
                 self._handle, host, port, ssl=context, limit=MAX_LINE, ssl_handshake_timeout=self._timeout
             )
         except OSError as exc:
-            raise FleetError(f"cannot listen on {format_host_port(self.listen)} for enrollment: {exc}") from exc
+            raise FleetError(f"cannot listen on {format_address(self.listen)} for enrollment: {exc}") from exc
         bound = self._server.sockets[0].getsockname()
         self._address = (str(bound[0]), int(bound[1]))
         self._renewal = asyncio.create_task(self._renew_certificate())
-        log.info("enrollment: listening on %s for fleet %s", format_host_port(self._address), self.fleet_dir)
+        log.info("enrollment: listening on %s for fleet %s", format_address(self._address), self.fleet_dir)
         return self._address
 
     async def stop(self) -> None:
@@ -496,7 +466,7 @@ class EnrollmentServer:
     def status(self) -> dict[str, Any]:
         """Address, tokens outstanding (as of the last join request), joins served and refusals."""
         return {
-            "address": format_host_port(self._address) if self._address else None,
+            "address": format_address(self._address) if self._address else None,
             "tokens_outstanding": self._outstanding,
             "joins": self.joins,
             "refusals": self.refusals,
@@ -658,7 +628,7 @@ def _line(doc: Mapping[str, Any]) -> bytes:
 def _peer(writer: asyncio.StreamWriter) -> str:
     peer = writer.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
-        return format_host_port((str(peer[0]), int(peer[1])))
+        return format_address((str(peer[0]), int(peer[1])))
     return str(peer)
 
 
@@ -682,7 +652,7 @@ async def join(
     """
     validate_node_name(name)
     wanted = _joiner_ips(ips)
-    where = format_host_port(address)
+    where = format_address(address)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     # The server is checked by hand against the token's CA hash (below): no CA is known before that.
     ctx.check_hostname = False

@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import FleetError
+from agent.files import folder_lock, parse_utc, utc_iso, write_atomic
 from agent.fleet.authority import (
     FINGERPRINT_RE,
     FLEET_ID_RE,
@@ -31,12 +32,8 @@ from agent.fleet.authority import (
     FleetPaths,
     enrolled_nodes,
     fleet_id_of,
-    fleet_lock,
     load_ca,
-    parse_utc,
     read_certificate,
-    utc_iso,
-    write_atomic,
 )
 from agent.fleet.signed import check_fleet, sign_document, verify_document
 from agent.wire.jsonbody import loads_json
@@ -203,7 +200,7 @@ def revoke_node(dir: Path, name_or_node_id: str, now: dt.datetime | None = None)
     """
     paths = FleetPaths(Path(dir))
     ca_key, ca_cert = load_ca(paths.root)
-    with fleet_lock(paths.root):
+    with folder_lock(paths.root):
         enrolled = enrolled_nodes(paths.root)
         matches = [e for e in enrolled if name_or_node_id in (e.name, e.node_id)]
         if not matches:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.addresses import parse_address
 from agent.donor.policy import DonorSettings
 from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
@@ -18,14 +19,6 @@ from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 
 WIRE_DTYPES = ("auto", "f32", "f16")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"address {text!r} is not HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from agent.fleet.authority import write_atomic
+from agent.files import write_atomic
 
 RUNNING_FILE = "agent.json"
 """Written into the identity folder while the agent runs: where it listens (``shoal doctor`` reads it)."""

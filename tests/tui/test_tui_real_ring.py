@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.addresses import parse_address
 from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
 from agent.cli.status_link import StatusLink
 from agent.fleet import NodeIdentity, init_fleet, issue_node
-from agent.node.config import parse_address
 from discovery.fleet_document import ModelSource, serving
 from tests.integration.test_self_forming import agent, plan_of, push
 from tests.tui.fakes import until

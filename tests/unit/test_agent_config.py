@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.addresses import parse_address
 from agent.errors import ConfigError
-from agent.node.config import load_agent_config, parse_address
+from agent.node.config import load_agent_config
 
 
 def test_file_then_flags(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from agent.addresses import parse_address
 from agent.cli.join_cmd import node_name_from_hostname
 from agent.cli.main import main
 from agent.errors import FleetError, PeerUnavailableError
@@ -39,14 +40,7 @@ from agent.fleet import (
     revoke_node,
     spki_sha256,
 )
-from agent.fleet.enrollment import (
-    StoredToken,
-    check_token,
-    load_tokens,
-    outstanding_tokens,
-    parse_host_port,
-    request_mac,
-)
+from agent.fleet.enrollment import StoredToken, check_token, load_tokens, outstanding_tokens, request_mac
 from agent.transport.tls import client_context, peer_name, server_context
 
 pytestmark = pytest.mark.timeout(30)
@@ -99,8 +93,8 @@ def test_token_text_form_and_join_address(fleet: Path) -> None:
     with pytest.raises(FleetError, match="TOKEN@HOST:PORT") as info:
         parse_join_address(str(token))
     assert token.secret not in str(info.value)  # an error message never shows the secret
-    assert parse_host_port("0.0.0.0:0", listen=True) == ("0.0.0.0", 0)  # --listen: any free port
-    assert parse_host_port("[::]", default_port=7300, listen=True) == ("::", 7300)
+    assert parse_address("0.0.0.0:0") == ("0.0.0.0", 0)  # --listen: any free port
+    assert parse_address("[::]", default_port=7300) == ("::", 7300)
     for bad in ("host", "host:0", "host:99999", "fd00::1:7300"):
         with pytest.raises(FleetError, match="HOST:PORT"):
             parse_join_address(f"{token}@{bad}")

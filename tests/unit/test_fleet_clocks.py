@@ -21,8 +21,9 @@ import discovery.service
 from agent.cli.status_cmd import status_lines
 from agent.cli.status_link import fetch_status
 from agent.daemon import Daemon
+from agent.files import write_atomic
 from agent.fleet import NodeIdentity, init_fleet, issue_node
-from agent.fleet.authority import load_ca, node_certificate, write_atomic
+from agent.fleet.authority import load_ca, node_certificate
 from discovery.service import MembershipService
 from tests.unit.test_fleet_members import agent, members, until
 
