@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import FleetError
-from agent.files import folder_lock, write_atomic
 from agent.fleet import NodeIdentity
-from agent.fleet.authority import EnrolledNode, FleetPaths, enrolled_nodes, fleet_id_of, load_ca, read_certificate
+from agent.fleet.authority import EnrolledNode, FleetPaths, enrolled_nodes, fleet_id_of, read_certificate
 from agent.fleet.revocation import RevocationList, RevokedNode, fleet_revokes, revoke_node
+from agent.fleet.signed import edit_signed, read_signed
 from agent.transport.connection import expect
 from agent.transport.network import TlsNetwork
 from agent.wire import FrameType
@@ -34,17 +34,8 @@ FLEET_DOCUMENT_FILE = "fleet-document.json"
 def current_fleet_document(fleet_dir: Path) -> FleetDocument:
     """The fleet folder's fleet document, checked against its CA (version 0 if none was written yet)."""
     ca = read_certificate(fleet_dir / "ca.pem")
-    path = fleet_dir / FLEET_DOCUMENT_FILE
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return FleetDocument.empty(fleet_id_of(ca), dt.datetime.now(dt.UTC))
-    except OSError as exc:
-        raise FleetError(f"cannot read the fleet document {path}: {exc}") from exc
-    try:
-        return FleetDocument.verify(data, ca)
-    except FleetError as exc:
-        raise FleetError(f"{path}: {exc}") from exc
+    found = read_signed(fleet_dir / FLEET_DOCUMENT_FILE, ca, FleetDocument.verify, FleetDocument.WHAT)
+    return found[0] if found is not None else FleetDocument.empty(fleet_id_of(ca), dt.datetime.now(dt.UTC))
 
 
 def edit_fleet_document(
@@ -52,14 +43,8 @@ def edit_fleet_document(
 ) -> tuple[FleetDocument, bytes]:
     """Write the next version of the fleet folder's document, ``change(current, now)``, signed with the CA key;
     returns it and its signed bytes (what is pushed). Needs the CA key (run where ``shoal fleet init`` was)."""
-    ca_key, _ = load_ca(fleet_dir)
-    with folder_lock(fleet_dir):
-        current = current_fleet_document(fleet_dir)
-        now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-        result = change(current, now)
-        signed = result.sign(ca_key)
-        write_atomic(fleet_dir / FLEET_DOCUMENT_FILE, signed, private=False)  # public: every agent holds a copy
-    return result, signed
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    return edit_signed(fleet_dir, fleet_dir / FLEET_DOCUMENT_FILE, FleetDocument, lambda doc: change(doc, now), now)
 
 
 # -- the checks of a change ---------------------------------------------------------------------------

@@ -20,20 +20,16 @@ The envelope is ``agent.fleet.signed``'s, shared with the revocation list.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
-
 from agent.errors import FleetError
 from agent.files import parse_utc, utc_iso
 from agent.fleet.authority import FLEET_ID_RE, NODE_NAME_RE
-from agent.fleet.signed import check_fleet, sign_document, verify_document
-from agent.wire.jsonbody import loads_json
+from agent.fleet.signed import SignedDocument
+from agent.wire.jsonbody import canonical_json, loads_json
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 """A Hub repository id: ``name`` or ``owner/name``."""
@@ -119,12 +115,15 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
-class FleetDocument:
+class FleetDocument(SignedDocument):
     """The admin's decisions for one fleet; ``version`` grows by one with every change (the highest wins).
 
     ``issued_at`` is kept in UTC to the second (as every fleet file writes a moment). ``pins`` are kept sorted
     by stage, so that two documents saying the same thing are equal and sign the same bytes.
     """
+
+    WHAT = "the fleet document"
+    KINDS = "the fleet documents"
 
     fleet_id: str
     version: int
@@ -161,7 +160,7 @@ class FleetDocument:
         return next((p for p in self.pins if p.node == node), None)
 
     def body(self) -> bytes:
-        """The canonical JSON that is signed: sorted keys, no spaces, ASCII."""
+        """The canonical JSON that is signed."""
         doc = {
             "fleet_id": self.fleet_id,
             "version": self.version,
@@ -170,23 +169,7 @@ class FleetDocument:
             "pins": [p.to_json() for p in self.pins],
             "standby": self.standby.to_json(),
         }
-        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-    def sign(self, ca_key: ec.EllipticCurvePrivateKey) -> bytes:
-        """The signed document (what is stored and gossiped)."""
-        return sign_document(self.body(), ca_key)
-
-    @classmethod
-    def verify(cls, data: bytes, ca_cert: x509.Certificate) -> FleetDocument:
-        """The document in the signed ``data``, checked against the fleet CA ``ca_cert``.
-
-        :class:`FleetError` if it is malformed or of another schema, unsigned or not signed by the CA, or the
-        document of another fleet.
-        """
-        body = verify_document(data, ca_cert, "the fleet document")
-        result = cls._from_body(body)
-        check_fleet(result.fleet_id, ca_cert, "the fleet document")
-        return result
+        return canonical_json(doc)
 
     @classmethod
     def _from_body(cls, body: bytes) -> FleetDocument:
@@ -207,14 +190,6 @@ class FleetDocument:
             )
         except (FleetError, ValueError) as exc:
             raise FleetError(f"the fleet document is malformed: {exc}") from exc
-
-    def is_newer_than(self, other: FleetDocument | None) -> bool:
-        """Whether this document replaces ``other`` (a higher version of the same fleet's document)."""
-        if other is None:
-            return True
-        if other.fleet_id != self.fleet_id:
-            raise FleetError(f"cannot compare the fleet documents of fleets {self.fleet_id} and {other.fleet_id}")
-        return self.version > other.version
 
 
 def _check_pins(pins: tuple[Pin, ...]) -> None:

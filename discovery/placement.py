@@ -52,11 +52,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from agent.wire.jsonbody import canonical_json
 from discovery.announcement import HeldStage
 from discovery.fleet_document import FleetDocument, Pin, StandbyPolicy
 from discovery.membership import Member, Membership
@@ -252,7 +252,7 @@ class Plan:
                 for o in self.pins
             ],
         }
-        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+        return canonical_json(doc)
 
     @property
     def complete(self) -> bool:

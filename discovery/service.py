@@ -34,6 +34,7 @@ from cryptography import x509
 from agent.errors import CertificateDatesError, FleetError, PeerUnavailableError, RemoteProtocolError
 from agent.fleet.authority import cert_fingerprint, common_name, node_id_of
 from agent.fleet.revocation import RevocationList
+from agent.fleet.signed import Kept
 from agent.transport.connection import FrameConnection, expect
 from agent.transport.heartbeat import Heartbeat as LinkHeartbeat
 from agent.transport.heartbeat import Liveness, pong
@@ -44,7 +45,7 @@ from agent.wire.messages import Hello as WireHello
 from discovery import control
 from discovery.announcement import Announcement
 from discovery.clocks import Validity, clock_problem
-from discovery.kept import FleetDocumentKeeper, Kept, RevocationKeeper
+from discovery.kept import FleetDocumentKeeper, RevocationKeeper
 from discovery.membership import (
     LOST_AFTER,
     Duplicate,

@@ -14,29 +14,25 @@ it is handed (by a peer, by gossip) and keep the one with the highest ``version`
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import FleetError
-from agent.files import folder_lock, parse_utc, utc_iso, write_atomic
+from agent.files import parse_utc, utc_iso
 from agent.fleet.authority import (
     FINGERPRINT_RE,
     FLEET_ID_RE,
     NODE_ID_RE,
     FleetPaths,
     enrolled_nodes,
-    fleet_id_of,
-    load_ca,
     read_certificate,
 )
-from agent.fleet.signed import check_fleet, sign_document, verify_document
-from agent.wire.jsonbody import loads_json
+from agent.fleet.signed import SignedDocument, edit_signed, read_signed
+from agent.wire.jsonbody import canonical_json, loads_json
 
 
 @dataclass(frozen=True)
@@ -67,8 +63,11 @@ class RevokedNode:
 
 
 @dataclass(frozen=True)
-class RevocationList:
+class RevocationList(SignedDocument):
     """The revoked node certificates of one fleet; ``version`` grows by one with every change."""
+
+    WHAT = "the revocation list"
+    KINDS = "the revocation lists"
 
     fleet_id: str
     version: int
@@ -89,33 +88,17 @@ class RevocationList:
         return cls(fleet_id, 0, _now(now))
 
     def body(self) -> bytes:
-        """The canonical JSON that is signed: sorted keys, no spaces, ASCII."""
+        """The canonical JSON that is signed."""
         doc = {
             "fleet_id": self.fleet_id,
             "version": self.version,
             "issued_at": utc_iso(self.issued_at),
             "revoked": [r.to_json() for r in self.revoked],
         }
-        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-    def sign(self, ca_key: ec.EllipticCurvePrivateKey) -> bytes:
-        """The signed document (``revocations.json``'s content)."""
-        return sign_document(self.body(), ca_key)
+        return canonical_json(doc)
 
     @classmethod
-    def verify(cls, data: bytes, ca_cert: x509.Certificate) -> RevocationList:
-        """The list in the signed document ``data``, checked against the fleet CA ``ca_cert``.
-
-        :class:`FleetError` if the document is malformed or of another schema, its signature is missing or
-        not the CA's, or it is the list of another fleet.
-        """
-        body = verify_document(data, ca_cert, "the revocation list").decode()
-        result = cls._from_body(body)
-        check_fleet(result.fleet_id, ca_cert, "the revocation list")
-        return result
-
-    @classmethod
-    def _from_body(cls, body: str) -> RevocationList:
+    def _from_body(cls, body: bytes) -> RevocationList:
         # Signed by our CA, so malformed only through a bug; still checked field by field, never asserted.
         try:
             doc: Any = loads_json(body)
@@ -154,27 +137,11 @@ class RevocationList:
         """Whether a certificate of this node id (this key) is revoked."""
         return any(r.node_id == node_id for r in self.revoked)
 
-    def is_newer_than(self, other: RevocationList | None) -> bool:
-        """Whether this list replaces ``other`` (a higher version of the same fleet's list)."""
-        if other is None:
-            return True
-        if other.fleet_id != self.fleet_id:
-            raise FleetError(f"cannot compare the revocation lists of fleets {self.fleet_id} and {other.fleet_id}")
-        return self.version > other.version
-
 
 def load_revocations(path: Path, ca_cert: x509.Certificate) -> RevocationList | None:
     """The verified list in ``path``; None if there is no such file."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise FleetError(f"cannot read the revocation list {path}: {exc}") from exc
-    try:
-        return RevocationList.verify(data, ca_cert)
-    except FleetError as exc:
-        raise FleetError(f"{path}: {exc}") from exc
+    found = read_signed(Path(path), ca_cert, RevocationList.verify, RevocationList.WHAT)
+    return found[0] if found is not None else None
 
 
 def fleet_revocations(dir: Path) -> RevocationList | None:
@@ -199,23 +166,21 @@ def revoke_node(dir: Path, name_or_node_id: str, now: dt.datetime | None = None)
     if none matches, or saying so if all matching certificates are revoked already.
     """
     paths = FleetPaths(Path(dir))
-    ca_key, ca_cert = load_ca(paths.root)
-    with folder_lock(paths.root):
+    when = _now(now)
+
+    def change(current: RevocationList) -> RevocationList:
         enrolled = enrolled_nodes(paths.root)
         matches = [e for e in enrolled if name_or_node_id in (e.name, e.node_id)]
         if not matches:
             names = ", ".join(sorted({e.name for e in enrolled})) or "none yet"
             raise FleetError(f"no node {name_or_node_id!r} is enrolled in {paths.root} (enrolled: {names})")
-        current = load_revocations(paths.revocations, ca_cert) or RevocationList.empty(fleet_id_of(ca_cert), now)
         fresh = [e for e in matches if not current.revokes(e.fingerprint)]
         if not fresh:
             raise FleetError(f"{name_or_node_id!r} is already revoked (revocation list version {current.version})")
-        when = _now(now)
         added = tuple(RevokedNode(e.node_id, e.fingerprint, e.name, when) for e in fresh)
-        result = RevocationList(current.fleet_id, current.version + 1, when, current.revoked + added)
-        # Public: nodes are handed copies of it, and it holds nothing secret.
-        write_atomic(paths.revocations, result.sign(ca_key), private=False)
-    return result
+        return RevocationList(current.fleet_id, current.version + 1, when, current.revoked + added)
+
+    return edit_signed(paths.root, paths.revocations, RevocationList, change, when)[0]
 
 
 def _now(now: dt.datetime | None) -> dt.datetime:

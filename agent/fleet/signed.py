@@ -1,4 +1,6 @@
-"""The fleet CA's signed documents (the revocation list, the fleet document): one JSON envelope for both.
+"""The fleet CA's signed, versioned documents (the revocation list, the fleet document): one JSON envelope, one
+base class for what they share (signing, verifying, which of two is newer), and one way to read, change and
+write such a document kept on disk.
 
 ::
 
@@ -12,7 +14,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar, Generic, Self, TypeVar
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -20,7 +27,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import FleetError
-from agent.fleet.authority import fleet_id_of
+from agent.files import folder_lock, write_atomic
+from agent.fleet.authority import fleet_id_of, load_ca
 from agent.wire.jsonbody import loads_json
 
 SCHEMA = 1
@@ -76,3 +84,134 @@ def check_fleet(fleet_id: str, ca_cert: x509.Certificate, what: str) -> None:
     fleet only)."""
     if fleet_id != fleet_id_of(ca_cert):
         raise FleetError(f"{what} is for fleet {fleet_id}, not this fleet ({fleet_id_of(ca_cert)})")
+
+
+class SignedDocument:
+    """What the fleet CA's documents share. A subclass is a frozen dataclass with ``fleet_id`` and ``version``
+    (it grows by one with every change), names itself in ``WHAT`` (``"the revocation list"``) and ``KINDS``,
+    and defines :meth:`empty`, :meth:`body` (its canonical JSON) and :meth:`_from_body` (which checks every
+    field of a body whose signature was found good)."""
+
+    WHAT: ClassVar[str]
+    KINDS: ClassVar[str]
+    fleet_id: str
+    version: int
+
+    @classmethod
+    def empty(cls, fleet_id: str, now: dt.datetime) -> Self:
+        """Version 0 of the fleet ``fleet_id``'s document."""
+        raise NotImplementedError
+
+    def body(self) -> bytes:
+        """The canonical JSON that is signed (``agent.wire.jsonbody.canonical_json``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def _from_body(cls, body: bytes) -> Self:
+        raise NotImplementedError
+
+    def sign(self, ca_key: ec.EllipticCurvePrivateKey) -> bytes:
+        """The signed document (what is stored and gossiped)."""
+        return sign_document(self.body(), ca_key)
+
+    @classmethod
+    def verify(cls, data: bytes, ca_cert: x509.Certificate) -> Self:
+        """The document in the signed ``data``, checked against the fleet CA ``ca_cert``.
+
+        :class:`FleetError` if it is malformed or of another schema, unsigned or not signed by the CA, or the
+        document of another fleet.
+        """
+        result = cls._from_body(verify_document(data, ca_cert, cls.WHAT))
+        check_fleet(result.fleet_id, ca_cert, cls.WHAT)
+        return result
+
+    def is_newer_than(self, other: Self | None) -> bool:
+        """Whether this document replaces ``other`` (a higher version of the same fleet's document)."""
+        if other is None:
+            return True
+        if other.fleet_id != self.fleet_id:
+            raise FleetError(f"cannot compare {self.KINDS} of fleets {self.fleet_id} and {other.fleet_id}")
+        return self.version > other.version
+
+
+D = TypeVar("D")
+S = TypeVar("S", bound=SignedDocument)
+
+log = logging.getLogger(__name__)
+
+
+def read_signed(
+    path: Path, ca_cert: x509.Certificate, verify: Callable[[bytes, x509.Certificate], D], what: str
+) -> tuple[D, bytes] | None:
+    """The document in the file ``path``, checked by ``verify`` against ``ca_cert``, and its signed bytes; None
+    if there is no such file. :class:`FleetError` naming the file if it cannot be read or is not valid."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise FleetError(f"cannot read {what} {path}: {exc}") from exc
+    try:
+        return verify(data, ca_cert), data
+    except FleetError as exc:
+        raise FleetError(f"{path}: {exc}") from exc
+
+
+def edit_signed(folder: Path, path: Path, kind: type[S], change: Callable[[S], S], now: dt.datetime) -> tuple[S, bytes]:
+    """Write ``change(current)``, the next version of the ``kind`` document kept in ``path`` (version 0 if none
+    was written yet), signed with the CA key of the fleet folder ``folder``, under that folder's lock; returns
+    it and its signed bytes (what is pushed to agents). Needs the CA key (run where ``shoal fleet init`` was)."""
+    ca_key, ca_cert = load_ca(folder)
+    with folder_lock(folder):
+        found = read_signed(path, ca_cert, kind.verify, kind.WHAT)
+        current = found[0] if found is not None else kind.empty(fleet_id_of(ca_cert), now)
+        result = change(current)
+        signed = result.sign(ca_key)
+        # public: every agent holds a copy, and it holds nothing secret
+        write_atomic(path, signed, private=False)
+    return result, signed
+
+
+class Kept(Generic[S]):
+    """The newest validly signed document of one kind that an agent knows, kept in a file across restarts:
+    holds :attr:`current` (None: none received yet) and its signed :attr:`document`."""
+
+    def __init__(self, path: Path, ca: x509.Certificate, verify: Callable[[bytes, x509.Certificate], S]) -> None:
+        self.path = path
+        self._ca = ca
+        self._verify = verify
+        self.current: S | None = None
+        self.document: bytes | None = None
+
+    @classmethod
+    def load(cls, path: Path, ca: x509.Certificate, verify: Callable[[bytes, x509.Certificate], S]) -> Kept[S]:
+        """The keeper of the file ``path``; a damaged file is logged and ignored (a peer sends the document
+        again). Blocking: call it off the event loop."""
+        keeper = cls(path, ca, verify)
+        try:
+            found = read_signed(path, ca, verify, "the kept document")
+        except FleetError as exc:
+            log.warning("ignored %s", exc)
+            return keeper
+        if found is not None:
+            keeper.current, keeper.document = found
+        return keeper
+
+    @property
+    def version(self) -> int:
+        return self.current.version if self.current is not None else 0
+
+    def verify(self, document: bytes) -> S:
+        """The document in ``document``; :class:`FleetError` if it is not validly signed by this fleet's CA."""
+        return self._verify(document, self._ca)
+
+    def check(self, document: bytes) -> S | None:
+        """The document in ``document`` if it is validly signed and newer than the one held, None if it is not
+        newer; :class:`FleetError` if it is not validly signed by this fleet's CA."""
+        offered = self.verify(document)
+        return offered if offered.is_newer_than(self.current) else None
+
+    def keep(self, offered: S, document: bytes) -> None:
+        """Hold (and write) a document that :meth:`check` returned. Blocking: call it off the event loop."""
+        write_atomic(self.path, document, private=False)
+        self.current, self.document = offered, document

@@ -14,14 +14,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from agent.errors import FleetError
 from agent.fleet import RevocationList, fleet_id_of, init_fleet
 from agent.fleet.authority import load_ca
+from agent.fleet.signed import sign_document, verify_document
 from discovery.fleet_document import (
     FleetDocument,
     ModelSource,
     Pin,
     StandbyPolicy,
     serving,
-    sign_document,
-    verify_document,
     with_pin,
     with_standby,
     without_pin,

@@ -13,11 +13,12 @@ import pytest
 
 from agent.errors import RemoteProtocolError
 from agent.fleet import RevocationList, RevokedNode, fleet_id_of, init_fleet, read_certificate
+from agent.fleet.signed import Kept
 from agent.node.ring_former import RETRY_MAX, Duty, duty_of, retry_delay
 from discovery import control
 from discovery.announcement import Announcement
 from discovery.fleet_document import FleetDocument, ModelSource, Pin
-from discovery.kept import FleetDocumentKeeper, Kept, RevocationKeeper
+from discovery.kept import FleetDocumentKeeper, RevocationKeeper
 from discovery.membership import Member, Membership, MemberState, Source
 from discovery.placement import Assignment, Candidate, PinOutcome, Plan
 from discovery.plan_codec import PlanRecord
