@@ -31,6 +31,14 @@ def test_a_current_export_is_reused_without_opening_or_hashing_its_checkpoint(
     monkeypatch.setattr(fingerprint, "hash_file_into", refuse)
     manifest = export(ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32"), cache_dir)
     assert manifest == Manifest.load(folder)
+    # another context (issue 40 §4): the graphs take any, so only the manifest is rewritten, as quickly
+    shorter = export(
+        ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32", context_tokens=2048), cache_dir
+    )
+    assert shorter == Manifest.load(folder) == manifest.with_context(2048)
+    assert shorter.context_tokens == 2048 and shorter.export_id == manifest.export_id
+    again = ExportRequest(source="smollm2", out_dir=folder, stages=2, weights="fp32", context_tokens=8192)
+    assert export(again, cache_dir) == manifest  # the model's own, as the session's other tests expect
 
 
 def test_telling_a_current_export_imports_neither_torch_nor_transformers(
