@@ -14,7 +14,33 @@ from agent.chat.client import ask
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.progress import progress_line
 from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.cli.common import Subcommands
 from agent.errors import ChatAnswerError, PromptTooLongError
+
+
+def add_parser(sub: Subcommands) -> None:
+    """Register ``shoal ask``."""
+    p = sub.add_parser("ask", help="ask this PC's agent (started with --chat) for an answer, streamed")
+    p.add_argument(
+        "prompt", nargs="?", default=None, help="the question; without it, a conversation: one turn per line of stdin"
+    )
+    p.add_argument(
+        "--chat-file", type=Path, default=None, help="the agent's chat endpoint file (default: <data dir>/chat.json)"
+    )
+    p.add_argument("--system", default=None, help="a system message before the prompt")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="the longest answer, in tokens (default: 256, or what the context leaves after the prompt if less)",
+    )
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="text that ends the answer (repeatable, up to 4)"
+    )
 
 
 def run_ask(args: argparse.Namespace, data_dir: Path) -> int:

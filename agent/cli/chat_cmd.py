@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from agent.addresses import parse_address
 from agent.chat.endpoint import ChatEndpoint
-from agent.cli.common import identity_dir
+from agent.cli.common import Subcommands, identity_dir
 from agent.cli.status_link import StatusLink
 from agent.errors import FleetError, PeerUnavailableError
 from agent.fleet import NodeIdentity
@@ -34,7 +34,8 @@ STATUS_TIMEOUT = 3.0
 """Seconds a status poll waits for the agent: a frozen agent shows as unreachable this soon."""
 
 
-def add_chat_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: Subcommands) -> None:
+    """Register ``shoal chat``."""
     p = sub.add_parser("chat", help="chat with the fleet in a terminal UI, and watch its stages")
     p.add_argument(
         "--identity",

@@ -9,8 +9,12 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeAlias
 
 from agent.errors import FleetError, MissingExtraError
+
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What ``add_subparsers`` returns: each command's module adds its parser to it (``add_parser(sub)``)."""
 
 REWIND_HELP = (
     "how stages forget rejected drafts: mask them out (free; exact in f32) or cut them out of the KV "

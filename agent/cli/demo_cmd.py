@@ -26,7 +26,7 @@ from typing import Any
 from agent.chat.endpoint import ChatEndpoint
 from agent.chat.protocol import ChatRequest
 from agent.cli.ask_cmd import answer_summary, stream_chat
-from agent.cli.common import exit_on_sigterm
+from agent.cli.common import Subcommands, exit_on_sigterm
 from agent.cli.export_cmd import export_unless_current
 from agent.cli.plan_cmd import print_plan
 from agent.errors import RingError
@@ -38,6 +38,17 @@ from agent.node.launcher import LocalAgent, launch_fleet
 DEFAULT_PROMPT = "What are the benefits of running a language model on computers you already own? Answer briefly."
 FORM_TIMEOUT = 300.0
 """Seconds the demo waits for the ring to form (a first run compiles every stage on this PC's cores)."""
+
+
+def add_parser(sub: Subcommands) -> None:
+    """Register ``shoal demo``."""
+    p = sub.add_parser("demo", help="the built-in demo: SmolLM2 in stage shards, a local fleet of agents, the TUI")
+    p.add_argument("--model", default="smollm2", help="SOURCE to export (default smollm2)")
+    p.add_argument("--stages", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("exports/smollm2-3stage"), help="export folder (reused)")
+    p.add_argument("--prompt", default=None, help="with --headless: the question (default: the demo's own)")
+    p.add_argument("--max-tokens", type=int, default=200)
+    p.add_argument("--headless", action="store_true", help="one answer on stdout and exit, instead of the TUI")
 
 
 def run_demo(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:

@@ -14,9 +14,8 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 
 from agent.addresses import parse_address
-from agent.cli.common import identity_dir
+from agent.cli.common import Subcommands, identity_dir
 from agent.cli.status_link import StatusLink
-from agent.daemon import software_version
 from agent.donor.idle import IdleSource, describe_problems, pick_source
 from agent.errors import FleetError, RingError
 from agent.fleet import NodeIdentity, read_certificate
@@ -32,6 +31,14 @@ ASK_TIMEOUT = 3 * PEER_TIMEOUT + 1.0
 (a handshake that stalls, a hello that never comes, a close never acknowledged), doctor moves on."""
 PROBE_SLACK = 5.0
 """Seconds an mDNS probe may take beyond its listening time (announcing, then withdrawing, its probe service)."""
+
+
+def add_parser(sub: Subcommands) -> None:
+    """Register ``shoal doctor``."""
+    p = sub.add_parser("doctor", help="check why this PC does not find the fleet (or it this PC); exit 1 if wrong")
+    p.add_argument("--identity", type=Path, default=None, help="this node's identity folder")
+    p.add_argument("--agent", default=None, metavar="HOST:PORT", help="the agent to ask (default: the running one)")
+    p.add_argument("--probe-seconds", type=float, default=3.0, help="how long each mDNS probe listens (3)")
 
 
 def run_doctor(args: argparse.Namespace, data_dir: Path) -> int:
@@ -75,6 +82,8 @@ async def diagnose(identity: NodeIdentity, agent: str | None, probe_seconds: flo
         return findings
     peers = [m["address"] for m in members.get("members", []) if m["state"] in ("member", "lost")]
     reach = await asyncio.gather(*(_reach(peer, identity) for peer in peers))
+    from agent.daemon import software_version  # the daemon is not imported at every start for this
+
     findings += check_members(members, software_version(), dict(zip(peers, reach, strict=True)))
     mdns = members.get("mdns")
     probes: list[MulticastProbe] = []

@@ -9,12 +9,40 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.cli.common import exit_on_sigterm
+from agent.cli.common import Subcommands, exit_on_sigterm, layer_counts
 from agent.errors import ExportError
 
 if TYPE_CHECKING:
     from shards.export.request import ExportRequest
     from shards.manifest import Manifest
+
+
+def add_parser(sub: Subcommands) -> None:
+    """Register ``shoal export``."""
+    p = sub.add_parser("export", help="export a checkpoint into per-stage OpenVINO shards")
+    p.add_argument("source", help="Hub model id, model folder, .gguf file, or a short name (smollm2)")
+    p.add_argument("--stages", type=int, required=True, help="number of pipeline stages")
+    p.add_argument("--out", type=Path, required=True, help="export folder to create")
+    p.add_argument("--weights", choices=("int4", "int8", "fp16", "fp32"), default="int4")
+    drafts = p.add_mutually_exclusive_group()
+    drafts.add_argument("--draft", metavar="MODEL", help="also export this smaller model (same tokenizer) as a draft")
+    drafts.add_argument("--self-draft", metavar="N", type=int, help="draft = first N layers + final norm + head")
+    p.add_argument(
+        "--layers",
+        type=layer_counts,
+        default=None,
+        metavar="N,N,...",
+        help="layers per stage, first to last (default: the split planner balances them)",
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="positions a conversation may hold, prompt and answer (default: the model's own, cut so that one "
+        "session's KV cache stays within 1 GiB on each stage)",
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing different export")
 
 
 def run_export(args: argparse.Namespace, cache_dir: Path) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.addresses import format_address, parse_address
-from agent.cli.common import identity_dir
+from agent.cli.common import Subcommands, identity_dir
 from agent.errors import FleetError
 from agent.fleet.authority import (
     FleetPaths,
@@ -42,6 +42,72 @@ def duration(text: str) -> dt.timedelta:
     if not match or int(match[1]) == 0:
         raise FleetError(f"--ttl: expected a duration such as 30m, 24h or 7d, not {text!r}")
     return dt.timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+def add_parser(
+    sub: Subcommands,
+) -> Subcommands:
+    """Register ``shoal fleet init | issue | token | serve-enrollment | list | revoke``; returns the ``fleet``
+    subcommands, where ``fleet serve`` joins them (``agent.cli.plan_cmd``)."""
+    p = sub.add_parser("fleet", help="the fleet's private CA, node certificates, join tokens and revocations")
+    fleet = p.add_subparsers(dest="fleet_command", required=True)
+    f = fleet.add_parser("init", help="create the fleet's certificate authority")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument("--name", default="shoal", help="fleet name written into the CA certificate")
+    f.add_argument("--force", action="store_true", help="replace an existing CA (every node must be re-issued)")
+    f = fleet.add_parser("issue", help="issue a node certificate signed by the fleet CA")
+    f.add_argument("node", help="node name (its certificate's common name)")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument("--ip", action="append", default=[], help="an IP address of the node (repeatable)")
+    f.add_argument("--days", type=int, default=365, help="validity in days")
+    f.add_argument("--out", type=Path, default=None, help="identity folder to write (default: <fleet dir>/nodes/NODE)")
+    f.add_argument(
+        "--force",
+        action="store_true",
+        help="issue it even if a node of that name is enrolled and not revoked (a renewal); pins then need node ids",
+    )
+    f = fleet.add_parser(
+        "token",
+        help="make a one-time join token and print the `shoal join` command for a new PC",
+        description="Make a join token. The new PC joins while `shoal fleet serve-enrollment` runs on this PC "
+        "(where the fleet CA key is) at the printed address.",
+    )
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument("--ttl", default="24h", help="lifetime: 30m, 24h, 7d (default 24h)")
+    f.add_argument("--uses", type=int, default=1, help="how many PCs may join with it (default 1)")
+    f.add_argument(
+        "--address",
+        default=None,
+        metavar="HOST:PORT",
+        help="where serve-enrollment listens, for the printed command (default: this PC's first IPv4 address, "
+        "port 7300)",
+    )
+    f = fleet.add_parser("serve-enrollment", help="let PCs with a join token enroll (runs until Ctrl-C)")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument("--listen", default="0.0.0.0:7300", metavar="HOST:PORT", help="address (default 0.0.0.0:7300)")
+    f = fleet.add_parser("list", help="the enrolled nodes, and which are revoked")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument(
+        "--agent", default=None, metavar="HOST:PORT", help="add each node's state and last heard, as this agent sees it"
+    )
+    f.add_argument("--identity", type=Path, default=None, help="this PC's identity folder (to reach --agent)")
+    f = fleet.add_parser("revoke", help="revoke a node's certificates (writes the signed revocation list)")
+    f.add_argument("node", help="node name or node id")
+    f.add_argument("--dir", type=Path, default=None, help="fleet folder (default: <data dir>/fleet)")
+    f.add_argument(
+        "--push",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="hand the new list to this running agent (repeatable); it gossips it to every member",
+    )
+    f.add_argument(
+        "--drop-pins",
+        action="store_true",
+        help="also remove the pins that name only the revoked node from the fleet document (the plan ignores them)",
+    )
+    f.add_argument("--identity", type=Path, default=None, help="this PC's identity folder (to reach --push)")
+    return fleet
 
 
 def run_fleet(args: argparse.Namespace, data_dir: Path) -> int:

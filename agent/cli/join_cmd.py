@@ -8,6 +8,7 @@ import re
 import socket
 from pathlib import Path
 
+from agent.cli.common import Subcommands
 from agent.fleet.authority import cert_fingerprint, validate_node_name
 from agent.fleet.enrollment import join, parse_join_address
 
@@ -17,6 +18,17 @@ def node_name_from_hostname(hostname: str) -> str:
     label = hostname.strip().split(".")[0].lower()
     name = re.sub(r"[^a-z0-9_-]+", "-", label).lstrip("-_")[:63].rstrip("-_")
     return name or "node"
+
+
+def add_parser(sub: Subcommands) -> None:
+    """Register ``shoal join``."""
+    p = sub.add_parser("join", help="enroll this PC in a fleet with a join token (from `shoal fleet token`)")
+    p.add_argument("address", metavar="TOKEN@HOST:PORT", help="the token and the enrollment server's address")
+    p.add_argument("--name", default=None, help="this PC's node name (default: its host name)")
+    p.add_argument("--out", type=Path, default=None, help="identity folder (default: <data dir>/fleet/nodes/NAME)")
+    p.add_argument(
+        "--ip", action="append", default=[], help="an IP address of this PC for its certificate (repeatable)"
+    )
 
 
 def run_join(args: argparse.Namespace, data_dir: Path) -> int:

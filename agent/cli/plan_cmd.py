@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.addresses import parse_address
-from agent.cli.common import identity_dir
+from agent.cli.common import Subcommands, identity_dir
 from agent.cli.status_link import fetch_status
 from agent.errors import FleetError, PeerUnavailableError, RingError
 from agent.fleet import NodeIdentity
@@ -31,7 +31,7 @@ PLAN_WAIT = 20.0
 """Seconds to wait for the pushed agent to report a plan for the new version."""
 
 
-def add_plan_commands(sub: Any, fleet: Any) -> None:
+def add_parser(sub: Subcommands, fleet: Subcommands) -> None:
     """Add ``fleet serve`` to the ``fleet`` subcommands and ``pin``, ``unpin``, ``pins`` to the top level."""
     f = fleet.add_parser("serve", help="the model the fleet serves: REPO_ID[@REVISION] on the Hub, or EXPORT_DIR")
     f.add_argument("source", help="a Hub repo id (pinned to a commit; a branch is resolved now), or an export folder")

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+
+from agent.cli.common import Subcommands
 
 
-def add_publish_command(sub: Any) -> None:
+def add_parser(sub: Subcommands) -> None:
+    """Register ``shoal publish``."""
     p = sub.add_parser("publish", help="publish an export to the Hub (or an office mirror) for fleets to download")
     p.add_argument("export_dir", type=Path)
     p.add_argument("repo_id", help="ORG/NAME")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PureWindowsPath
 from typing import Any, Protocol
 
+from agent.cli.common import Subcommands
 from agent.cli.service_files import (
     LABEL,
     PASSED_ENVIRONMENT,
@@ -552,7 +553,7 @@ def status_lines_of(host: Host, runner: Runner) -> list[str]:
     return lines
 
 
-def add_service_command(sub: Any) -> None:
+def add_parser(sub: Subcommands) -> None:
     """Register ``shoal service install | status | uninstall``."""
     p = sub.add_parser(
         "service",

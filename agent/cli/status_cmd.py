@@ -10,12 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from agent.addresses import parse_address
-from agent.cli.common import identity_dir
+from agent.cli.common import Subcommands, identity_dir
 from agent.cli.plan_cmd import plan_lines
 from agent.cli.status_link import fetch_status
 from agent.errors import ConfigError
 from agent.fleet import NodeIdentity
 from agent.node.running import running_agent
+
+
+def add_parser(sub: Subcommands) -> None:
+    """Register ``shoal status``."""
+    p = sub.add_parser("status", help="ask agents what they serve, their members, downloads and the plan")
+    p.add_argument("address", nargs="*", help="HOST:PORT of an agent (default: the one running on this PC)")
+    p.add_argument("--json", action="store_true", help="the whole status document as JSON")
+    p.add_argument("--identity", type=Path, default=None, help="this node's identity folder")
 
 
 def run_status(args: argparse.Namespace, data_dir: Path) -> int:
