@@ -3,10 +3,10 @@
 After an answer, its session (the KV state on every stage) is kept for ``keep_seconds``. A request that
 continues the kept conversation (its prompt begins with the whole prompt the kept answer was given: the
 earlier turns, sent again) takes the session over (``ResumableTarget.resume``) and reuses what it holds
-up to where the two part, in the whole chunks a fresh prompt is computed in (``ResumableTarget.reusable``:
-so the answer is a fresh session's); any other request starts a fresh session, even one that shares the
-chat template's opening. A kept session still holds a place on every stage, so few
-are kept (``keep_max``), each only for a while, and it is parked there (``Target.park``): a stage that
+up to where the two part, as far as its positions are those a fresh prompt would compute
+(``ResumableTarget.reusable``: so the answer is a fresh session's); any other request starts a fresh
+session, even one that shares the chat template's opening. A kept session still holds a place on every
+stage, so few are kept (``keep_max``), each only for a while, and it is parked there (``Target.park``): a stage that
 needs the place for a new session evicts it, and the conversation's next turn then starts afresh. On this
 agent, a kept session whose state a stage evicted, else the oldest, gives its place up at once when the
 agent needs one for a chat or a ring session (``give_up_place``).
@@ -90,11 +90,13 @@ class KeptConversations:
         self.resumed += 1
         self.reused_tokens += best_common
         log.info(
-            "node=%s chat resumes a kept session: %d of %d prompt tokens held, %d reused (whole chunks of %d)",
+            "node=%s chat resumes a kept session: %d of %d prompt tokens held, %d reused (%d computed as a fresh "
+            "prompt would, chunks of %d)",
             self.node,
             best.target.common_prefix(prompt_ids),
             len(prompt_ids),
             best_common,
+            best.target.settled,
             best.target.grid,
         )
         return best

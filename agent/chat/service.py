@@ -610,6 +610,7 @@ class ChatService:
                 self.server.exact,
                 self.server.count_local_step,
                 prefill_chunk=self.config.prefill_chunk,
+                alike=self.server.alike,
             )
             turn = None
         else:

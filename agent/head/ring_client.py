@@ -13,7 +13,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_ch
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
 from agent.runtime.protocol import KVSession, Stage, new_sessions, wire_numpy_dtype
-from agent.runtime.repeatable import stages_exact, step_is_repeatable
+from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput
 from agent.transport.connection import FrameConnection, expect
@@ -54,6 +54,8 @@ class _Pending:
     future: asyncio.Future[StepOutput] | None
     count: int
     progress: tuple[int, int] = (0, 0)
+    settled_here: bool = True
+    """The head's own stages computed it as a fresh prompt's step would (``agent.runtime.repeatable``)."""
 
 
 @dataclass(frozen=True)
@@ -327,6 +329,8 @@ class RingSession:
         self._repeatable = True
         """No step so far was computed unlike another grouping of its positions, on this head's stages or the
         ring's (``agent.runtime.repeatable``): the session's readouts are what plain decoding gives."""
+        self._settled = True
+        """No chunk of the step being answered was marked ``StepFlags.UNSETTLED`` so far (``StepOutput.settled``)."""
 
     def _deliver(self, frame: Frame) -> None:
         if not self._pending:
@@ -343,6 +347,7 @@ class RingSession:
         self.bytes_received += len(frame.payload)
         if frame.flags & StepFlags.UNREPEATABLE:
             self._repeatable = False
+        self._settled = self._settled and pending.settled_here and not frame.flags & StepFlags.UNSETTLED
         if frame.step < self._prompt_steps:
             self.prompt_bytes_received += len(frame.payload)
         if pending.future is None:  # a chunk of a prompt: its answer says only that it went through
@@ -354,8 +359,10 @@ class RingSession:
                 self.on_prefill(*pending.progress)
             return
         self.prefill_progress = None
+        settled, self._settled = self._settled, True  # the next step starts afresh
         try:
-            pending.future.set_result(parse_result(frame, self.client.manifest.arch.vocab_size, pending.count))
+            output = parse_result(frame, self.client.manifest.arch.vocab_size, pending.count)
+            pending.future.set_result(replace(output, settled=settled))
         except ProtocolError as exc:
             pending.future.set_exception(exc)
             self._fail(SessionFailedError(f"bad result for step {frame.step}: {exc}"))
@@ -388,6 +395,7 @@ class RingSession:
 
     def _fail(self, error: RingError) -> None:
         self._failure = error
+        self._settled = False
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
@@ -433,6 +441,7 @@ class RingSession:
             self._opened = True
         if self._local and not step_is_repeatable(stages_exact(self.client.local_stages), len(ids), rewind, last_only):
             self._repeatable = False
+        alike = stages_alike(self.client.local_stages)
         position = self._logical - rewind
         if position < 0:
             raise RingError(f"cannot rewind {rewind} of {self._logical} positions")
@@ -456,7 +465,8 @@ class RingSession:
                 "flags": flags,
             }
             progress = (start + size, len(ids))
-            self._pending[self._step] = _Pending(None if part else future, size, progress)
+            here = step_is_settled(alike, size, last_only)
+            self._pending[self._step] = _Pending(None if part else future, size, progress, here)
             steps.append((fields, ids[start : start + size]))
             self._step += 1
             start += size
@@ -473,7 +483,10 @@ class RingSession:
 
     async def _send_step(self, fields: FrameFields, ids: list[int]) -> None:
         if self._local:
-            hidden, seconds = await self.client.run_local(self._run_local, ids, fields["rewind"], fields["position"])
+            prompt = bool(fields["flags"] & (StepFlags.PART | StepFlags.LAST_ONLY))
+            hidden, seconds = await self.client.run_local(
+                self._run_local, ids, fields["rewind"], fields["position"], prompt
+            )
             self.client.counted_local(seconds)
             frame = Frame.tensor(FrameType.STEP, hidden, **fields)
         else:
@@ -484,14 +497,15 @@ class RingSession:
             self.prompt_bytes_sent += sent
         await self.client.send_first(frame)
 
-    def _run_local(self, ids: list[int], rewind: int, position: int) -> tuple[np.ndarray, float]:
-        """Runs on the executor: the hidden states of ``ids`` from the head's own stages, and the seconds taken."""
+    def _run_local(self, ids: list[int], rewind: int, position: int, prompt: bool) -> tuple[np.ndarray, float]:
+        """Runs on the executor: the hidden states of ``ids`` from the head's own stages, and the seconds taken
+        (``prompt``: a prompt's step or chunk, which a stage may compute on its prompt compilation)."""
         started = time.perf_counter()
         positions = np.arange(position, position + len(ids), dtype=np.int64)[None]
         x: np.ndarray = np.asarray([ids], dtype=np.int64)
         for session in self._local:
             session.rewind(rewind)
-            x = session.step(x, positions)
+            x = session.step(x, positions, last_only=prompt)
         hidden = np.array(x, dtype=self.client._wire_dtype)
         return hidden, time.perf_counter() - started
 

@@ -10,13 +10,14 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_chunks
 from agent.runtime.pipeline import PipelineSession
-from agent.runtime.repeatable import step_is_repeatable
+from agent.runtime.repeatable import step_is_repeatable, step_is_settled
 from agent.sampling.params import SamplingParams
 from agent.sampling.readout import StepOutput, read_out
 
@@ -83,18 +84,21 @@ class LocalTarget:
         exact: bool | None = None,
         on_step: Callable[[float], None] | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        alike: str = "none",
     ) -> None:
         """``exact``: the stages' speculation exactness (``agent.runtime.repeatable.stages_exact``; None, not
         known: no step that could round otherwise counts as repeatable); ``on_step``: told the seconds of each
         step (on the event loop: an agent counts them with its stages' ring steps); ``prefill_chunk``: a prompt
         is computed in steps cut at its multiples, as a ring's head sends it (``agent.head.prefill``; 0: one
-        step)."""
+        step); ``alike``: what the stages compute the same however positions are grouped into steps
+        (``agent.runtime.repeatable.stages_alike``), which tells each answer whether it is ``settled``."""
         self._session = session
         self._prefill_chunk = prefill_chunk
         self._params = params
         self._executor = executor
         self._exact = exact
         self._on_step = on_step
+        self._alike = alike
         self._repeatable = True
         self._order = asyncio.Lock()  # FIFO: submitted steps run one after the other, in order
 
@@ -106,7 +110,8 @@ class LocalTarget:
         for size in sizes:
             done = self._session.logical_length - start
             logits = self._session.step(np.asarray([ids[done : done + size]], dtype=np.int64), last_only=last_only)
-        output = read_out(logits, self._params, last_only)
+        settled = all(step_is_settled(self._alike, size, last_only) for size in sizes)
+        output = replace(read_out(logits, self._params, last_only), settled=settled)
         return output, time.perf_counter() - started  # the step's work, as a stage server times its steps
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:

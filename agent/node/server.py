@@ -31,7 +31,7 @@ from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
-from agent.runtime.repeatable import stages_exact, step_is_repeatable
+from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.readout import read_out
 from agent.transport.connection import FrameConnection, expect
 from agent.transport.heartbeat import pong
@@ -436,6 +436,8 @@ class StageServer:
         flags = frame.flags
         if not step_is_repeatable(self.exact, frame.count, frame.rewind, last_only):
             flags |= StepFlags.UNREPEATABLE
+        if not step_is_settled(self.alike, frame.count, last_only):
+            flags |= StepFlags.UNSETTLED
         fields: FrameFields = {
             "session": frame.session,
             "step": frame.step,
@@ -445,7 +447,7 @@ class StageServer:
             "flags": flags,
         }
         if self.is_last:
-            told = flags & StepFlags.UNREPEATABLE
+            told = flags & (StepFlags.UNREPEATABLE | StepFlags.UNSETTLED)
             if part:  # the prompt goes on in the next step: only its progress is told
                 return Frame(FrameType.RESULT, session=frame.session, step=frame.step, flags=StepFlags.PART | told)
             output = read_out(x, state.open.sampling, last_only=last_only)
@@ -553,6 +555,12 @@ class StageServer:
         """Whether this agent's stages compute a step the same in any grouping of its positions
         (``agent.runtime.repeatable``; None: a device not measured)."""
         return stages_exact(self.stages)
+
+    @property
+    def alike(self) -> str:
+        """What this agent's stages compute the same however positions are grouped into steps
+        (``agent.runtime.repeatable``: ``all``, ``prompts`` or ``none``)."""
+        return stages_alike(self.stages)
 
     # -- status --------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -53,6 +53,12 @@ class Stage(Protocol):
     wire_dtype: str
     """What this stage's hidden states cross the wire in when not told: ``f32`` or ``f16``."""
 
+    @property
+    def alike(self) -> str:
+        """What it computes the same however positions are grouped into steps: ``all``, ``prompts`` or ``none``
+        (``agent.runtime.repeatable``)."""
+        ...
+
     def new_session(self) -> KVSession:
         """A fresh KV state for one conversation."""
         ...

@@ -10,6 +10,23 @@ or in its fixed chunks (``agent.head.prefill``), and a one-position step are com
 
 Each stage marks such a step ``StepFlags.UNREPEATABLE`` and the last one returns the mark with the answer,
 so the head knows, per answer, whether it was exact.
+
+A kept session (``agent.head.resumable``) asks another question of a step: are its positions' numbers
+those a fresh prompt of the same tokens gives them, wherever that prompt's steps are cut? Then a later turn
+may take them over. What a stage computes alike (``Stage.alike``) is measured (SmolLM2 int4, OpenVINO
+2026.4, a 400-position prompt's last logits against one step's):
+
+- ``all``: f32 throughout. Any grouping, a prompt's or decoding's, moves the logits by at most 4.4e-5, the
+  rounding f32's exact speculation lives with already.
+- ``prompts``: one thread below f32, every prompt step on the paged compilation (``StageSession``): prompts
+  cut as 150 + 250, 150 + 7 + 243, 1 + 399 or 150 + k + (250 - k) for k from 2 to 64 give bit-identical
+  logits; a prompt step of one position does not (up to 0.94: other kernels), nor does decoding, which runs
+  on the SDPA compilation (150 prompt positions decoded one at a time: up to 0.5).
+- ``none``: elsewhere (several threads below f32: no two groupings agree; devices not measured). Only a
+  prompt cut where a fresh one is cut, at multiples of ``--prefill-chunk``, is computed alike.
+
+Each stage that computes a step's positions otherwise than a fresh prompt might marks it
+``StepFlags.UNSETTLED``, and the mark rides the ring to the head as ``UNREPEATABLE`` does.
 """
 
 from __future__ import annotations
@@ -17,6 +34,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agent.runtime.protocol import Stage
+
+ALIKE = ("none", "prompts", "all")
+"""What a stage computes the same however positions are grouped into steps (``Stage.alike``), least first."""
+
+ALIKE_MIN_PROMPT = 2
+"""The fewest positions of a prompt step that a ``prompts`` stage computes alike (one position takes other
+kernels)."""
 
 
 def step_is_repeatable(exact_speculation: bool | None, count: int, rewind: int, last_only: bool) -> bool:
@@ -35,3 +59,14 @@ def stages_exact(stages: Iterable[Stage]) -> bool | None:
     if False in claims:
         return False
     return None if None in claims else True
+
+
+def step_is_settled(alike: str, count: int, last_only: bool) -> bool:
+    """Whether a stage that computes ``alike`` (``ALIKE``) gives this step's ``count`` positions the numbers a
+    fresh prompt of the same tokens gives them, however that prompt's steps are cut; ``last_only``: a prompt."""
+    return alike == "all" or (alike == "prompts" and last_only and count >= ALIKE_MIN_PROMPT)
+
+
+def stages_alike(stages: Iterable[Stage]) -> str:
+    """What stages computed one after the other compute alike: the least any of them does (``all`` for none)."""
+    return min((stage.alike for stage in stages), key=ALIKE.index, default="all")

@@ -86,6 +86,17 @@ def speculation_is_exact(device: str, weights: str, config: RuntimeConfig) -> bo
     return _computes_in_f32(weights, config) or (config.threads == 1 and compacts_on_rewind(device, weights, config))
 
 
+def computes_alike(device: str, weights: str, config: RuntimeConfig) -> str:
+    """What a stage computes the same however positions are grouped into steps (``agent.runtime.repeatable``):
+    ``all`` in f32 on the CPU; ``prompts`` on one CPU thread below f32 with the paged prefill, on which its
+    sessions then run every prompt step; else ``none`` (several threads, other devices: not alike, not measured)."""
+    if device != "CPU":
+        return "none"
+    if _computes_in_f32(weights, config):
+        return "all"
+    return "prompts" if config.threads == 1 and pages_prefill(device, config) else "none"
+
+
 def _computes_in_f32(weights: str, config: RuntimeConfig) -> bool:
     """f32 activations, KV cache and matmuls throughout (``compile_properties`` makes it so)."""
     return config.precision == "f32" or weights in ("fp32", "fp16")
@@ -189,6 +200,7 @@ class CompiledStage:
         self._xml = xml
         self._paged_lock = threading.Lock()
         self.exact_speculation = None if drafts else speculation_is_exact(self.device, weights, config)
+        self._alike = "none" if drafts else computes_alike(self.device, weights, config)
         self.wire_dtype = "f16" if _compiled_precision(self.compiled) == "f16" else "f32"
         """What this stage's hidden states cross the wire in when not told (``auto``): f16 where the device
         computes in f16 (the values are f16 already; half the bytes), else f32 (f32 or bf16 values)."""
@@ -226,6 +238,13 @@ class CompiledStage:
                     log.warning("%s: long steps stay on the decode compilation: %s", self.graph.name, exc)
             return self._paged_prefill
 
+    @property
+    def alike(self) -> str:
+        """What this stage computes the same however positions are grouped into steps (``computes_alike``)."""
+        if self._alike == "prompts" and self._paged_props is None and self._paged_prefill is None:
+            return "none"  # its paged compilation failed: prompts run on the SDPA one, which rounds them by step
+        return self._alike
+
     def _new_paged_step(self) -> PagedStep | None:
         prefill = self.paged_prefill()
         return prefill.new_step() if prefill is not None else None
@@ -240,6 +259,7 @@ class CompiledStage:
             holds_head=self.graph.head,
             selects_positions=LOGITS_INDEX in self.graph.inputs,
             paged=self._new_paged_step,
+            paged_prompts=self._alike == "prompts",
             compact_rewind=self.compact_rewind,
         )
 

@@ -27,6 +27,9 @@ class StepOutput:
     """Sampling distributions at each position (sampling sessions)."""
     logprobs: Logprobs | None = None
     """The most likely tokens' log-probabilities at each position (sessions that asked for them)."""
+    settled: bool = False
+    """Every stage gave the step's positions the numbers a fresh prompt of the same tokens gives them, however
+    that prompt's steps are cut (``agent.runtime.repeatable``): a later turn on the kept session may reuse them."""
 
     @property
     def positions(self) -> int:
@@ -36,18 +39,19 @@ class StepOutput:
         """The answer at the last position only."""
         logprobs = self.logprobs.rows(-1) if self.logprobs is not None else None
         if self.top1 is not None:
-            return StepOutput(top1=self.top1[-1:], logprobs=logprobs)
-        return StepOutput(dists=(self.dists or [])[-1:], logprobs=logprobs)
+            return StepOutput(top1=self.top1[-1:], logprobs=logprobs, settled=self.settled)
+        return StepOutput(dists=(self.dists or [])[-1:], logprobs=logprobs, settled=self.settled)
 
     def after(self, earlier: StepOutput) -> StepOutput:
         """``earlier``'s positions followed by this one's (both greedy or both sampled)."""
         logprobs = None
         if self.logprobs is not None and earlier.logprobs is not None:
             logprobs = self.logprobs.after(earlier.logprobs)
+        settled = self.settled and earlier.settled
         if self.top1 is not None and earlier.top1 is not None:
-            return StepOutput(top1=np.concatenate([earlier.top1, self.top1]), logprobs=logprobs)
+            return StepOutput(top1=np.concatenate([earlier.top1, self.top1]), logprobs=logprobs, settled=settled)
         if self.dists is not None and earlier.dists is not None:
-            return StepOutput(dists=[*earlier.dists, *self.dists], logprobs=logprobs)
+            return StepOutput(dists=[*earlier.dists, *self.dists], logprobs=logprobs, settled=settled)
         raise ValueError("cannot join a greedy answer with a sampled one")
 
     def score(self, row: int, token: int, params: SamplingParams) -> TokenScore | None:

@@ -33,8 +33,9 @@ import numpy as np
 from agent.errors import LocalProtocolError
 
 MAGIC = b"SH"
-PROTOCOL_VERSION = 7  # 2: PARK; 3: PING and PONG; 4: MEMBERS; 5: StepFlags.PART; 6: StepFlags.UNREPEATABLE;
-# 7: StepFlags.LOGPROBS and SessionOpen.logprobs (an older peer's frames are refused, naming both versions)
+PROTOCOL_VERSION = 8  # 2: PARK; 3: PING and PONG; 4: MEMBERS; 5: StepFlags.PART; 6: StepFlags.UNREPEATABLE;
+# 7: StepFlags.LOGPROBS and SessionOpen.logprobs; 8: StepFlags.UNSETTLED (an older peer's frames are refused,
+# naming both versions)
 HEADER = struct.Struct("<2sBBQIIHHHBB4II")
 HEADER_SIZE = HEADER.size
 MAX_NDIM = 4
@@ -71,6 +72,9 @@ class StepFlags(enum.IntFlag):
     # it belongs to may differ from the same question asked again
     LOGPROBS = 8  # on a RESULT: its payload begins with the readout's kind and a log-probability block
     # (``agent.wire.result``), for a session opened with ``SessionOpen.logprobs``
+    UNSETTLED = 16  # set by a stage that computed this step's positions otherwise than a fresh prompt of the same
+    # tokens might (``agent.runtime.repeatable``), kept and returned as UNREPEATABLE is: a kept session's later
+    # turn reuses them only where a fresh prompt's steps are cut (``agent.head.resumable``)
 
 
 class DType(enum.IntEnum):

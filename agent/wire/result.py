@@ -12,6 +12,7 @@ Greedy sessions get int32 top-1 ids (4 bytes a position); sampling sessions get 
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import numpy as np
 
@@ -27,7 +28,7 @@ _TOP1, _DISTS = 0, 1
 
 def result_frame(output: StepOutput, session: int, step: int, flags: StepFlags = StepFlags.NONE) -> Frame:
     """The RESULT frame carrying ``output`` for step ``step`` of ``session`` (``flags``: what the head is
-    told of the step, ``StepFlags.UNREPEATABLE``)."""
+    told of the step, ``StepFlags.UNREPEATABLE`` and ``StepFlags.UNSETTLED``)."""
     fields: FrameFields = {"session": session, "step": step, "count": output.positions, "flags": flags}
     if output.logprobs is not None:
         if output.top1 is not None:
@@ -43,7 +44,13 @@ def result_frame(output: StepOutput, session: int, step: int, flags: StepFlags =
 
 
 def parse_result(frame: Frame, vocab_size: int, max_positions: int) -> StepOutput:
-    """A RESULT frame's readout, validated: ids within the vocabulary, at most ``max_positions`` positions."""
+    """A RESULT frame's readout, validated: ids within the vocabulary, at most ``max_positions`` positions;
+    settled unless a stage marked the step ``StepFlags.UNSETTLED``."""
+    output = _parse_readout(frame, vocab_size, max_positions)
+    return replace(output, settled=not frame.flags & StepFlags.UNSETTLED)
+
+
+def _parse_readout(frame: Frame, vocab_size: int, max_positions: int) -> StepOutput:
     if frame.flags & StepFlags.LOGPROBS:
         return _parse_with_logprobs(frame, vocab_size, max_positions)
     if frame.dtype is DType.INT32:

@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
+import pytest
 
 from agent.chat.protocol import ChatEvent, ChatRequest
 from agent.daemon import Daemon
 from tests.middle.toy_ring import ring_and_chat, run
-from tests.support.toy_model import ToyTokenizer
+from tests.support.toy_model import FIRST_TEXT_ID, ToyTokenizer
 
 QUESTION = "where is the toy"
 
@@ -139,3 +140,72 @@ def test_the_same_question_fresh_on_a_kept_session_and_after_its_eviction_gets_t
             assert on_kept == afresh
 
     run(main)
+
+
+@pytest.mark.parametrize("alike", ["all", "prompts", "none"])
+def test_a_conversations_turns_fresh_on_a_kept_session_and_after_its_eviction_get_the_same_tokens(
+    tmp_path: Path, alike: str
+) -> None:
+    """Issue 40 §1, its follow-up: a kept session is reused as far as the stages compute alike however positions
+    are grouped into steps (``agent.runtime.repeatable``): all it holds where they compute everything alike (f32),
+    the earlier prompts where they compute prompts alike (one thread below f32: decoding is shifted otherwise),
+    the earlier prompts' whole chunks elsewhere. Turns 2 and 3 of a conversation, greedy and seeded, are the same
+    fresh, on the kept session and after its eviction, whichever the stages."""
+
+    async def main() -> None:
+        async with ring_and_chat(tmp_path, prefill_chunk=4) as (ring, daemon):
+            chats = daemon.chats
+            assert chats is not None
+            for stage in (*ring.stages, *ring.chat_stages):
+                stage.rounds_prompts_by_step = alike == "none"
+                stage.rounds_decoding = alike == "prompts"
+                assert stage.alike == alike
+
+            async def ask(messages: tuple[tuple[str, str], ...], **sampling: object) -> tuple[list[int], ChatEvent]:
+                request = ChatRequest(token=chats.token, messages=messages, max_tokens=16, **sampling)  # type: ignore[arg-type]
+                events = [event async for event in chats.answer(request)]
+                assert events[-1].event == "done", events[-1]
+                assert events[-1].stats is not None and events[-1].stats["exact"] is True, events[-1].stats
+                return [e.id for e in events if e.event == "token" and e.id is not None], events[-1]
+
+            async def evict() -> None:
+                evicted = chats.kept.evict_oldest()
+                assert evicted is not None
+                await evicted
+
+            tokenizer = ToyTokenizer()
+            for sampling in ({}, {"temperature": 0.9, "seed": 7}):
+                conversation: tuple[tuple[str, str], ...] = (("user", QUESTION),)
+                answer, _ = await ask(conversation, **sampling)
+                earlier_prompt = len(tokenizer.encode_chat([{"role": r, "content": c} for r, c in conversation]))
+                for follow_up in ("and then", "where next"):
+                    conversation = (*conversation, ("assistant", _spelled(answer)), ("user", follow_up))
+                    on_kept, kept_done = await ask(conversation, **sampling)
+                    await evict()
+                    afresh, afresh_done = await ask(conversation, **sampling)
+                    assert on_kept == afresh, (alike, sampling, on_kept, afresh)
+                    assert afresh_done.stats is not None and afresh_done.stats["cached_tokens"] == 0
+                    cached = kept_done.stats["cached_tokens"] if kept_done.stats is not None else None
+                    prompt = len(tokenizer.encode_chat([{"role": r, "content": c} for r, c in conversation]))
+                    if alike == "all":  # the answer too, up to its first special token, or its last, never fed
+                        spelled = earlier_prompt + _leading_text(answer)
+                        assert cached in (spelled, spelled - 1), (cached, spelled)
+                    elif alike == "prompts":  # the earlier prompt, less one where its rest would start alone
+                        assert cached in (earlier_prompt, earlier_prompt - 1), (cached, earlier_prompt)
+                    else:
+                        assert cached == earlier_prompt // 4 * 4, (cached, earlier_prompt)
+                    assert cached < prompt
+                    answer, earlier_prompt = afresh, prompt
+                await evict()
+
+    run(main)
+
+
+def _leading_text(ids: list[int]) -> int:
+    """How many of ``ids`` come before the first one that is not text."""
+    return next((i for i, token in enumerate(ids) if token < FIRST_TEXT_ID), len(ids))
+
+
+def _spelled(ids: list[int]) -> str:
+    """The text the toy tokenizer encodes as ``ids``' leading text ids (as a chat client sends an answer back)."""
+    return "".join(chr(token - FIRST_TEXT_ID) for token in ids[: _leading_text(ids)])

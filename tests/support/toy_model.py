@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.errors import RuntimeStageError
+from agent.runtime.repeatable import ALIKE_MIN_PROMPT
 from shards.architecture import ArchSpec
 from shards.manifest import FileEntry, GraphEntry, Manifest, SourceInfo
 
@@ -136,6 +137,17 @@ class ToyStage:
     """A prompt's step (``last_only``) shifts its rows by an amount that grows with the step's length, as the
     CPU's int4 default precision rounds a prompt's positions by how they are grouped into steps (one thread:
     40 positions in one step and 39 + 1 give other logits). Drafts' steps stay exact, as there."""
+    rounds_decoding: bool = False
+    """Every step but a prompt's of at least two positions shifts its rows by a fixed amount, as a one-thread
+    stage below f32 computes decoding (on its SDPA compilation) unlike a prompt (on its paged one), and a
+    one-position prompt step unlike longer ones; prompts are computed alike however they are cut, as there."""
+
+    @property
+    def alike(self) -> str:
+        """What it computes the same however positions are grouped into steps (``agent.runtime.repeatable``)."""
+        if self.rounds_prompts_by_step:
+            return "none"
+        return "prompts" if self.rounds_decoding else "all"
 
     def new_session(self) -> ToySession:
         self.sessions_made += 1
@@ -168,7 +180,11 @@ class ToySession:
             x = weights.embed[np.asarray(inputs[0], dtype=np.int64)]
         else:
             x = np.asarray(inputs[0], dtype=np.float32)
-        shift = np.float32(0.3 * n) if last_only and stage.rounds_prompts_by_step else np.float32(0)
+        shift: np.ndarray | np.float32 = np.float32(0)
+        if last_only and stage.rounds_prompts_by_step:
+            shift = np.float32(0.3 * n)
+        elif stage.rounds_decoding and not (last_only and n >= ALIKE_MIN_PROMPT):
+            shift = np.float32(0.4) * np.cos(np.arange(HIDDEN, dtype=np.float32) * np.float32(2.1))
         for sums, layer in zip(self._cache, stage.graph.layers, strict=True):
             rows = []
             for row, position in zip(x, positions[0], strict=True):

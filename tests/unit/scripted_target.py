@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from agent.runtime.repeatable import step_is_settled
 from agent.sampling.distribution import SparseDistribution
 from agent.sampling.readout import StepOutput
 
@@ -32,9 +33,11 @@ def dist_at(position: int) -> np.ndarray:
 class ScriptedTarget:
     """Holds a token list like a stage holds its cache: rewinds drop the tail, steps append."""
 
-    def __init__(self, sampled: bool = False, *, elsewhere: bool = False) -> None:
-        """``elsewhere``: claim to answer on other PCs (``Target.answers_elsewhere``)."""
+    def __init__(self, sampled: bool = False, *, elsewhere: bool = False, alike: str = "none") -> None:
+        """``elsewhere``: claim to answer on other PCs (``Target.answers_elsewhere``); ``alike``: answer as stages
+        that compute that alike however positions are grouped (``StepOutput.settled``, ``agent.runtime.repeatable``)."""
         self.held: list[int] = []
+        self.alike = alike
         self.sampled = sampled
         self.elsewhere = elsewhere
         self.submitted = 0
@@ -57,9 +60,12 @@ class ScriptedTarget:
         positions = range(start, len(self.held))
         if last_only:
             positions = positions[-1:]
+        settled = step_is_settled(self.alike, len(ids), last_only)
         if self.sampled:
-            return StepOutput(dists=[SparseDistribution.from_probs(dist_at(p + 1)) for p in positions])
-        return StepOutput(top1=np.array([next_greedy(self.held[: p + 1]) for p in positions], dtype=np.int32))
+            dists = [SparseDistribution.from_probs(dist_at(p + 1)) for p in positions]
+            return StepOutput(dists=dists, settled=settled)
+        top1 = np.array([next_greedy(self.held[: p + 1]) for p in positions], dtype=np.int32)
+        return StepOutput(top1=top1, settled=settled)
 
     async def step(self, ids: list[int], rewind: int, last_only: bool) -> StepOutput:
         return await (await self.submit(ids, rewind, last_only))

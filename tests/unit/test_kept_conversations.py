@@ -18,10 +18,9 @@ class Places:
     def __init__(self) -> None:
         self.held = 0
 
-    def conversation(self, held: list[int], params: SamplingParams = GREEDY) -> KeptConversation:
+    async def conversation(self, held: list[int], params: SamplingParams = GREEDY) -> KeptConversation:
         target = ResumableTarget(ScriptedTarget(), params, grid=1)
-        target.held = list(held)
-        target.settled = len(held)  # as if all it holds were computed as a fresh prompt's chunks
+        await target.step(list(held), 0, last_only=True)  # a prompt of whole chunks: all it holds is reusable
         self.held += 1
         return KeptConversation(target, (), None)
 
@@ -42,9 +41,9 @@ def test_a_turn_takes_the_session_of_the_conversation_it_continues() -> None:
     async def go() -> None:
         places = Places()
         kept = places.keeper(60.0, 3)
-        short = places.conversation([1, 2, 3, 4])  # the answer to [1, 2]
-        long = places.conversation([1, 2, 3, 4, 5, 6, 7, 8])  # the answer to [1, 2, 3, 4]
-        other = places.conversation([9, 9, 9, 9])  # the answer to [9, 9]
+        short = await places.conversation([1, 2, 3, 4])  # the answer to [1, 2]
+        long = await places.conversation([1, 2, 3, 4, 5, 6, 7, 8])  # the answer to [1, 2, 3, 4]
+        other = await places.conversation([9, 9, 9, 9])  # the answer to [9, 9]
         for conversation in (short, long, other):
             assert await keep(kept, conversation)
         # continues both short's and long's conversations: long holds more of it
@@ -65,8 +64,8 @@ def test_other_sampling_or_a_lost_ring_starts_afresh() -> None:
     async def go() -> None:
         places = Places()
         kept = places.keeper(60.0, 2)
-        warm = places.conversation([1, 2, 3, 4], SamplingParams(temperature=0.7, seed=1))
-        lost = places.conversation([5, 6, 7, 8])
+        warm = await places.conversation([1, 2, 3, 4], SamplingParams(temperature=0.7, seed=1))
+        lost = await places.conversation([5, 6, 7, 8])
         await keep(kept, warm)
         await keep(kept, lost)
         assert kept.take([1, 2, 3, 4, 10], GREEDY) is None  # the stages sample with what the session opened with
@@ -83,14 +82,14 @@ def test_kept_sessions_are_few_and_expire() -> None:
     async def go() -> None:
         places = Places()
         kept = places.keeper(0.05, 1)
-        first, second = places.conversation([1, 2]), places.conversation([3, 4])
+        first, second = await places.conversation([1, 2]), await places.conversation([3, 4])
         await keep(kept, first)
         await keep(kept, second)  # one at most: the older gives its place up
         await asyncio.sleep(0)
         assert len(kept) == 1 and places.held == 1 and first.target.inner.closed  # type: ignore[attr-defined]
         await asyncio.sleep(0.2)
         assert len(kept) == 0 and places.held == 0 and second.target.inner.closed  # type: ignore[attr-defined]
-        third = places.conversation([5, 6])
+        third = await places.conversation([5, 6])
         await keep(kept, third)
         freed = kept.evict_oldest()
         assert freed is not None and places.held == 0
@@ -106,7 +105,7 @@ def test_keeping_off_keeps_nothing() -> None:
     async def go() -> None:
         places = Places()
         kept = places.keeper(0.0, 4)
-        assert not await keep(kept, places.conversation([1, 2]))
+        assert not await keep(kept, await places.conversation([1, 2]))
         assert len(kept) == 0
 
     asyncio.run(go())
@@ -163,7 +162,7 @@ def test_keeping_parks_the_session_and_an_evicted_one_gives_its_place_up_first()
     async def go() -> None:
         places = Places()
         kept = places.keeper(60.0, 2)
-        older, newer = places.conversation([1, 2]), places.conversation([3, 4])
+        older, newer = await places.conversation([1, 2]), await places.conversation([3, 4])
         assert await keep(kept, older) and await keep(kept, newer)
         assert older.target.inner.parked == newer.target.inner.parked == 1  # type: ignore[attr-defined]
         newer.target.inner.evicted = True  # type: ignore[attr-defined]  # a stage gave its place away

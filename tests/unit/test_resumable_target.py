@@ -1,5 +1,6 @@
 """A conversation's next turn on a kept session: only positions a fresh prompt computes alike are reused (whole
-chunks of earlier prompts), the rest is computed, and the tokens are those of a fresh session (the scripted target
+chunks of earlier prompts; prompts' positions where the stages compute prompts alike; every position where they
+compute everything alike), the rest is computed, and the tokens are those of a fresh session (the scripted target
 answers from the tokens it holds, so a wrong rewind or a wrong suffix changes them)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import decode
 from agent.head.drafters import NGramDrafter
 from agent.head.resumable import ResumableTarget
+from agent.runtime.repeatable import stages_alike, step_is_settled
 from agent.sampling.params import SamplingParams
 from tests.unit.scripted_target import ScriptedTarget, plain_greedy
 
@@ -86,6 +88,82 @@ def test_a_resumed_prompt_starts_at_a_chunk_boundary_and_what_is_settled_follows
     replay.resume(whole=True)
     asyncio.run(replay.step(list(range(1, 14)), 0, last_only=True))
     assert replay.reused == 12
+
+
+def _two_turns(alike: str, grid: int) -> tuple[ScriptedTarget, ResumableTarget, list[int], list[int]]:
+    """A first turn (a 10-position prompt, a 40-token answer) on stages that compute ``alike``, and the second
+    turn's prompt (the first, the answer but its last token, 3 new positions)."""
+    inner = ScriptedTarget(alike=alike)
+    target = ResumableTarget(inner, GREEDY, grid=grid)
+    first_prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
+    first = _answer(target, first_prompt, 40)
+    assert first == plain_greedy(first_prompt, 40)
+    return inner, target, first_prompt, [*first_prompt, *first[:-1], 9, 9, 4]
+
+
+@pytest.mark.parametrize(
+    ("alike", "grid", "settled", "reused"),
+    [
+        ("all", 4, 49, 49),  # every position alike: the answer's too (all but its last token, not fed yet)
+        ("all", 0, 49, 49),
+        ("prompts", 4, 10, 10),  # a prompt's positions alike: the first prompt, off the grid; the answer again
+        ("prompts", 0, 10, 10),
+        ("none", 4, 8, 8),  # only the whole chunks of the first prompt
+        ("none", 0, 0, 0),
+    ],
+)
+def test_a_next_turn_reuses_what_the_stages_compute_alike(alike: str, grid: int, settled: int, reused: int) -> None:
+    inner, target, _, second_prompt = _two_turns(alike, grid)
+    assert target.settled == settled
+    assert target.reusable(second_prompt) == reused
+    before = inner.computed
+    target.resume()
+    assert _answer(target, second_prompt, 30) == plain_greedy(second_prompt, 30)
+    assert target.reused == reused
+    assert inner.computed - before >= len(second_prompt) - reused  # the prompt's rest, then decoding
+
+
+def test_a_resumed_prompt_on_stages_alike_in_prompts_never_starts_with_one_position_off_the_grid() -> None:
+    # one-position prompt steps take other kernels: a kept session gives up one more position instead
+    target = ResumableTarget(ScriptedTarget(alike="prompts"), GREEDY, grid=4)
+    asyncio.run(target.step(list(range(1, 12)), 0, last_only=True))  # 11 positions: [0, 4) [4, 8) [8, 11)
+    assert target.settled == 11
+    assert target.reusable([*range(1, 12), 20, 21]) == 10  # 11 would leave [11, 12) alone: [10, 12) instead
+    assert target.reusable([*range(1, 11), 30, 31]) == 10  # parts at 10, whose step [10, 12) has two positions
+    assert target.reusable([*range(1, 9), 20]) == 8  # on a boundary: cut as a fresh prompt is, one position or not
+    one_step = ResumableTarget(ScriptedTarget(alike="prompts"), GREEDY, grid=0)
+    asyncio.run(one_step.step(list(range(1, 11)), 0, last_only=True))
+    assert one_step.reusable([*range(1, 11), 20]) == 9  # a prompt is one step: at least two positions of it
+
+    # a one-position prompt step is not settled, nor a decoding step; a rewind into settled positions cuts them
+    target = ResumableTarget(ScriptedTarget(alike="prompts"), GREEDY, grid=4)
+    asyncio.run(target.step([1], 0, last_only=True))
+    assert target.settled == 0
+    asyncio.run(target.step([2, 3, 4, 5, 6], 0, last_only=True))
+    assert target.settled == 0  # nothing before it was settled
+    asyncio.run(target.step([7, 8, 9], 6, last_only=True))  # everything again: a fresh prompt
+    assert target.settled == 3
+    asyncio.run(target.step([1, 2, 3, 4, 5, 6], 3, last_only=True))  # 0..5 again, as one prompt
+    assert target.settled == 6
+    asyncio.run(target.step([7, 8], 0, last_only=False))
+    assert target.settled == 6
+    asyncio.run(target.step([9], 4, last_only=False))
+    assert target.settled == 4
+
+
+def test_what_a_ring_computes_alike_is_the_least_of_its_stages() -> None:
+    class Claim:
+        def __init__(self, alike: str) -> None:
+            self.alike = alike
+
+    assert stages_alike([Claim("all"), Claim("prompts")]) == "prompts"  # type: ignore[list-item]
+    assert stages_alike([Claim("prompts"), Claim("none"), Claim("all")]) == "none"  # type: ignore[list-item]
+    assert stages_alike([]) == "all"
+    assert step_is_settled("all", 1, last_only=False)
+    assert step_is_settled("prompts", 2, last_only=True)
+    assert not step_is_settled("prompts", 1, last_only=True)
+    assert not step_is_settled("prompts", 5, last_only=False)
+    assert not step_is_settled("none", 500, last_only=True)
 
 
 @pytest.mark.parametrize(
