@@ -141,96 +141,27 @@ async def decode(
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     stats = stats if stats is not None else DecodeStats()
-    policy = k_policy or AdaptiveK()
     noise = PositionNoise(params.seed)  # draws keyed by position: the same seed, the same text (keyed.py)
-    loop = asyncio.get_running_loop()
-    context = list(prompt_ids)
     hold = turn if turn is not None else contextlib.nullcontext()
-    by_belief = drafter is not None and drafter.stops_on_belief and belief_stop
-
-    def model_limit(evidence: int | None) -> int:
-        """The most a draft model may draft for ``evidence``. A model that stops on its own chances may
-        stretch a draft to twice the K controller's best K (+1) where its chances carry it: bounded by
-        the measured acceptance, so that a model whose confidence means little (a truncated self-draft)
-        cannot spend long drafts; where drafting does not pay, the controller's K (0, or 1 on an
-        exploration step) holds."""
-        best = policy.best_k(evidence)
-        if by_belief and best > 0:
-            return min(policy.k_max, 2 * best + 1)
-        return policy.choose(evidence)
-
-    async def draft_after(
-        known: list[int], room: int, threshold: float | None, lead: int = 0
-    ) -> tuple[Draft, int | None]:
-        """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much.
-
-        ``lead``: tokens drafted before the draft proper and not counted in its K (drafting ahead: the
-        guess at the token the answer in flight ends with). A draft with a lead is made ahead, so it
-        stops as soon as a session waits for the head's turn."""
-        stop = (lambda: turn.wanted) if lead and isinstance(turn, HeadTurn) else None
-        if drafter is None:
-            return Draft([]), None
-        longest = min(policy.k_max, max(room, 0))
-        if drafter.drafts_cheaply:
-            # Look up the longest usable draft, then let its evidence decide how much of it to send.
-            if isinstance(drafter, HybridDrafter):  # a lookup that may fall back on a model, sized by the loop
-                floor = policy.belief_floor(drafter.MODEL_EVIDENCE) if by_belief else 0.0
-                draft = await loop.run_in_executor(
-                    executor,
-                    drafter.propose_sized,
-                    list(known),
-                    longest + lead,
-                    lambda evidence: model_limit(evidence) + lead,
-                    floor,
-                    stop,
-                )
-            else:
-                draft = drafter.propose(known, longest + lead)
-            if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):
-                return Draft([]), None
-            if by_belief and isinstance(drafter, HybridDrafter) and draft.evidence == drafter.MODEL_EVIDENCE:
-                return draft, len(draft.tokens) - lead  # the model has cut it where its chances ran out
-            k = policy.choose(draft.evidence)
-            return draft.truncated(k + lead), k
-        if threshold is not None and policy.alpha < threshold:
-            return Draft([]), None
-        k = min(model_limit(None), longest)
-        if k <= 0:
-            return Draft([]), k
-        if by_belief:
-            believer = cast(BeliefDrafter, drafter)  # by_belief: drafter.stops_on_belief, so a BeliefDrafter
-            draft = await loop.run_in_executor(
-                executor,
-                believer.propose,
-                list(known),
-                k + lead,
-                policy.belief_floor(),
-                stop,
-            )
-            return draft, len(draft.tokens) - lead
-        if drafter.blocking:
-            return await loop.run_in_executor(executor, drafter.propose, list(known), k + lead), k
-        return drafter.propose(known, k + lead), k
-
+    policy = k_policy or AdaptiveK()
+    drafting = _Drafting(
+        drafter, policy, executor, turn, drafter is not None and drafter.stops_on_belief and belief_stop
+    )
+    steps = _Steps(target, drafting, hold, clock, stats, noise, params, list(prompt_ids))
     ahead_possible = (
         draft_ahead and drafter is not None and drafter.blocking and params.greedy and target.answers_elsewhere()
     )
 
     started = clock()
     async with hold:
-        prefill = await target.submit(context, 0, last_only=True)
+        prefill = await target.submit(steps.context, 0, last_only=True)
     first = await prefill
     stats.target_seconds += clock() - started
     stats.first_token_seconds = clock() - started
-    new_tokens = [_pick(first, noise, len(context))]
+    new_tokens = [_pick(first, noise, len(steps.context))]
     new_scores = [first.score(0, new_tokens[0], params)]
-    rewind = 0
     produced = 0  # not stats.tokens: one stats object may add up several generations
-    judged_steps = 0
-    in_flight: deque[_InFlight] = deque()
-    carry: StepOutput | None = None  # the answer at the last position judged: it judges the next step's first draft
-    drafting: _DraftAhead | None = None  # a draft being made while the step in flight is answered
-    ready: tuple[Draft, int | None, float] | None = None  # a draft made ahead that the answer confirmed, its time
+    ahead: _DraftAhead | None = None  # a draft being made while the step in flight is answered
     try:
         while True:
             for token, score in zip(new_tokens, new_scores, strict=True):
@@ -238,100 +169,212 @@ async def decode(
                     return
                 if scores is not None and score is not None:
                     scores.append(score)
-                context.append(token)
+                steps.context.append(token)
                 produced += 1
                 stats.tokens += 1
                 yield token
                 if produced >= max_tokens:
                     return
             # Room for drafts: every in-flight draft and one more token must fit the budget and the context.
-            room = min(max_tokens - produced, context_tokens - len(context)) - 1
-            if not in_flight:
-                async with hold:
-                    begun = clock()
-                    if ready is not None and room > 0:
-                        # Timed as if drafted now: K is chosen by what drafting costs whenever a guess fails,
-                        # and a confirmed guess must not make longer drafts look free.
-                        draft, k, begun = ready[0].truncated(room), ready[1], begun - ready[2]
-                    else:
-                        draft, k = await draft_after(context, room, None)
-                    ready = None
-                    drafted_at = clock()
-                    answer = await target.submit([context[-1], *draft.tokens], rewind, last_only=False)
-                in_flight.append(_InFlight(answer, draft, True, k, begun, drafted_at))
-                rewind = 0
-            while len(in_flight) < depth and len(in_flight) < target.useful_depth():
-                ahead = [t for sent in in_flight for t in sent.draft.tokens]
-                if not in_flight[-1].draft.tokens or len(ahead) >= room:
-                    break
-                async with hold:
-                    begun = clock()
-                    draft, k = await draft_after(context + ahead, room - len(ahead), continue_above)
-                    if not draft.tokens:
-                        break
-                    drafted_at = clock()
-                    answer = await target.submit(list(draft.tokens), 0, last_only=False)
-                in_flight.append(_InFlight(answer, draft, False, k, begun, drafted_at))
-                stats.continued += 1
-
-            if ahead_possible and len(in_flight) == 1 and in_flight[0].draft.tokens:
-                sent = list(in_flight[0].draft.tokens)
-                spare = turn.spare() if isinstance(turn, HeadTurn) else hold
-                draft_next = functools.partial(draft_after, context + sent, room - len(sent) - 1, None, lead=1)
-                drafting = _DraftAhead.start(spare, clock, draft_next)
-            step = in_flight.popleft()
+            room = min(max_tokens - produced, context_tokens - len(steps.context)) - 1
+            await steps.send(room, depth, continue_above)
+            if ahead_possible and len(steps.in_flight) == 1 and steps.in_flight[0].draft.tokens:
+                ahead = steps.draft_ahead(room)
+            step = steps.in_flight.popleft()
             output = await step.answer
             # A draft still being made is waited for (its thread cannot be stopped, and it may be right).
-            guess = await drafting.finish() if drafting is not None else None
-            ahead_seconds = drafting.seconds if drafting is not None else 0.0
-            drafting = None
-            done = clock()
-            judged = output
-            if not step.leads:
-                assert carry is not None  # a continuation always follows a judged step
-                judged = output.after(carry)
-            # every token before this step's drafts is in the context: its first draft is at len(context)
-            verdict = _verify(step.draft, judged, noise, len(context), bonus=not in_flight)
-            rejected = len(step.draft.tokens) - verdict.accepted
-            if rejected:
-                # Everything fed after the first rejected draft is void: this step's rest and every step behind it.
-                rewind = rejected + sum(len(s.draft.tokens) for s in in_flight)
-                stats.voided += len(in_flight)
-                in_flight.clear()
-            carry = output.last() if in_flight else None
-            if guess is not None and guess[0].tokens:
-                stats.drafted_ahead += 1
-                made, k_ahead = guess
-                kept_all = not rejected and not in_flight
-                if kept_all and len(made.tokens) > 1 and made.tokens[0] == verdict.tokens[-1]:
-                    # The drafter's cache already holds the guess and its continuation: no commit to cut it.
-                    ready = Draft(made.tokens[1:], None, made.evidence), k_ahead, ahead_seconds
-                    stats.ahead_used += 1
-            if drafter is not None:
-                if ready is None:
-                    drafter.commit(len(context) + verdict.accepted)
-                policy.record(
-                    len(step.draft.tokens),
-                    verdict.accepted,
-                    done - step.started,
-                    step.drafted_at - step.started,
-                    step.draft.evidence,
-                    timed=judged_steps > 0,
-                )
-            judged_steps += 1
-            stats.steps += 1
-            stats.drafted += len(step.draft.tokens)
-            stats.accepted += verdict.accepted
-            if step.k is not None:
-                stats.k_chosen.append(step.k)
-            stats.draft_seconds += step.drafted_at - step.started
-            stats.target_seconds += done - step.drafted_at
-            new_tokens = verdict.tokens
-            # the tokens judged were chosen at the judged positions, in order
-            new_scores = [judged.score(i, token, params) for i, token in enumerate(new_tokens)]
+            guess = await ahead.finish() if ahead is not None else None
+            ahead_seconds = ahead.seconds if ahead is not None else 0.0
+            ahead = None
+            new_tokens, new_scores = steps.judge(step, output, guess, ahead_seconds)
     finally:
-        if drafting is not None:
-            drafting.abandon()
+        if ahead is not None:
+            ahead.abandon()
+
+
+@dataclass
+class _Drafting:
+    """How the loop drafts: the drafter's proposals, sized by the K controller (and, for a draft model that
+    stops on its own chances, by its belief: ``by_belief``)."""
+
+    drafter: Drafter | None
+    policy: AdaptiveK
+    executor: Executor | None
+    turn: HeadTurn | asyncio.Lock | None
+    by_belief: bool
+
+    def model_limit(self, evidence: int | None) -> int:
+        """The most a draft model may draft for ``evidence``. A model that stops on its own chances may
+        stretch a draft to twice the K controller's best K (+1) where its chances carry it: bounded by
+        the measured acceptance, so that a model whose confidence means little (a truncated self-draft)
+        cannot spend long drafts; where drafting does not pay, the controller's K (0, or 1 on an
+        exploration step) holds."""
+        best = self.policy.best_k(evidence)
+        if self.by_belief and best > 0:
+            return min(self.policy.k_max, 2 * best + 1)
+        return self.policy.choose(evidence)
+
+    async def after(
+        self, known: list[int], room: int, threshold: float | None, lead: int = 0
+    ) -> tuple[Draft, int | None]:
+        """Draft at most ``room`` tokens after ``known``; with a ``threshold``, only drafts believed that much.
+
+        ``lead``: tokens drafted before the draft proper and not counted in its K (drafting ahead: the
+        guess at the token the answer in flight ends with). A draft with a lead is made ahead, so it
+        stops as soon as a session waits for the head's turn."""
+        drafter, policy, turn = self.drafter, self.policy, self.turn
+        stop = (lambda: turn.wanted) if lead and isinstance(turn, HeadTurn) else None
+        if drafter is None:
+            return Draft([]), None
+        loop = asyncio.get_running_loop()
+        longest = min(policy.k_max, max(room, 0))
+        if drafter.drafts_cheaply:
+            # Look up the longest usable draft, then let its evidence decide how much of it to send.
+            if isinstance(drafter, HybridDrafter):  # a lookup that may fall back on a model, sized by the loop
+                floor = policy.belief_floor(drafter.MODEL_EVIDENCE) if self.by_belief else 0.0
+                draft = await loop.run_in_executor(
+                    self.executor,
+                    drafter.propose_sized,
+                    list(known),
+                    longest + lead,
+                    lambda evidence: self.model_limit(evidence) + lead,
+                    floor,
+                    stop,
+                )
+            else:
+                draft = drafter.propose(known, longest + lead)
+            if not draft.tokens or (threshold is not None and policy.alpha_for(draft.evidence) < threshold):
+                return Draft([]), None
+            if self.by_belief and isinstance(drafter, HybridDrafter) and draft.evidence == drafter.MODEL_EVIDENCE:
+                return draft, len(draft.tokens) - lead  # the model has cut it where its chances ran out
+            k = policy.choose(draft.evidence)
+            return draft.truncated(k + lead), k
+        if threshold is not None and policy.alpha < threshold:
+            return Draft([]), None
+        k = min(self.model_limit(None), longest)
+        if k <= 0:
+            return Draft([]), k
+        if self.by_belief:
+            believer = cast(BeliefDrafter, drafter)  # by_belief: drafter.stops_on_belief, so a BeliefDrafter
+            draft = await loop.run_in_executor(
+                self.executor, believer.propose, list(known), k + lead, policy.belief_floor(), stop
+            )
+            return draft, len(draft.tokens) - lead
+        if drafter.blocking:
+            return await loop.run_in_executor(self.executor, drafter.propose, list(known), k + lead), k
+        return drafter.propose(known, k + lead), k
+
+
+@dataclass
+class _Steps:
+    """The steps of one generation: those sent and not judged yet, and what judging them leaves for the next."""
+
+    target: Target
+    drafting: _Drafting
+    hold: contextlib.AbstractAsyncContextManager[object]
+    clock: Callable[[], float]
+    stats: DecodeStats
+    noise: PositionNoise
+    params: SamplingParams
+    context: list[int]
+    """The prompt and every token emitted."""
+    in_flight: deque[_InFlight] = field(default_factory=deque)
+    rewind: int = 0
+    """Positions the next leading step rewinds (the drafts the last judged step rejected, and all behind them)."""
+    carry: StepOutput | None = None
+    """The answer at the last position judged: it judges the next continuation's first draft."""
+    ready: tuple[Draft, int | None, float] | None = None
+    """A draft made ahead that the answer confirmed, and its drafting time."""
+    judged_steps: int = 0
+
+    async def send(self, room: int, depth: int, continue_above: float) -> None:
+        """Send a leading step if none is in flight, then continuations behind it while ``depth`` and the
+        target allow and the drafter believes in them (``continue_above``)."""
+        target, clock = self.target, self.clock
+        if not self.in_flight:
+            async with self.hold:
+                begun = clock()
+                if self.ready is not None and room > 0:
+                    # Timed as if drafted now: K is chosen by what drafting costs whenever a guess fails,
+                    # and a confirmed guess must not make longer drafts look free.
+                    draft, k, begun = self.ready[0].truncated(room), self.ready[1], begun - self.ready[2]
+                else:
+                    draft, k = await self.drafting.after(self.context, room, None)
+                self.ready = None
+                drafted_at = clock()
+                answer = await target.submit([self.context[-1], *draft.tokens], self.rewind, last_only=False)
+            self.in_flight.append(_InFlight(answer, draft, True, k, begun, drafted_at))
+            self.rewind = 0
+        while len(self.in_flight) < depth and len(self.in_flight) < target.useful_depth():
+            ahead = [t for sent in self.in_flight for t in sent.draft.tokens]
+            if not self.in_flight[-1].draft.tokens or len(ahead) >= room:
+                break
+            async with self.hold:
+                begun = clock()
+                draft, k = await self.drafting.after(self.context + ahead, room - len(ahead), continue_above)
+                if not draft.tokens:
+                    break
+                drafted_at = clock()
+                answer = await target.submit(list(draft.tokens), 0, last_only=False)
+            self.in_flight.append(_InFlight(answer, draft, False, k, begun, drafted_at))
+            self.stats.continued += 1
+
+    def draft_ahead(self, room: int) -> _DraftAhead:
+        """Start drafting the step after the one in flight, on a guess at the token its answer ends with."""
+        sent = list(self.in_flight[0].draft.tokens)
+        turn = self.drafting.turn
+        spare = turn.spare() if isinstance(turn, HeadTurn) else self.hold
+        draft_next = functools.partial(self.drafting.after, self.context + sent, room - len(sent) - 1, None, lead=1)
+        return _DraftAhead.start(spare, self.clock, draft_next)
+
+    def judge(
+        self, step: _InFlight, output: StepOutput, guess: tuple[Draft, int | None] | None, ahead_seconds: float
+    ) -> tuple[list[int], list[TokenScore | None]]:
+        """Judge ``step`` by its ``output``: the tokens it emits and their scores. A rejection voids every step
+        behind it; a ``guess`` drafted ahead that the answer confirms is kept for the next step."""
+        stats, drafter, done = self.stats, self.drafting.drafter, self.clock()
+        judged = output
+        if not step.leads:
+            assert self.carry is not None  # a continuation always follows a judged step
+            judged = output.after(self.carry)
+        # every token before this step's drafts is in the context: its first draft is at len(context)
+        verdict = _verify(step.draft, judged, self.noise, len(self.context), bonus=not self.in_flight)
+        rejected = len(step.draft.tokens) - verdict.accepted
+        if rejected:
+            # Everything fed after the first rejected draft is void: this step's rest and every step behind it.
+            self.rewind = rejected + sum(len(s.draft.tokens) for s in self.in_flight)
+            stats.voided += len(self.in_flight)
+            self.in_flight.clear()
+        self.carry = output.last() if self.in_flight else None
+        if guess is not None and guess[0].tokens:
+            stats.drafted_ahead += 1
+            made, k_ahead = guess
+            kept_all = not rejected and not self.in_flight
+            if kept_all and len(made.tokens) > 1 and made.tokens[0] == verdict.tokens[-1]:
+                # The drafter's cache already holds the guess and its continuation: no commit to cut it.
+                self.ready = Draft(made.tokens[1:], None, made.evidence), k_ahead, ahead_seconds
+                stats.ahead_used += 1
+        if drafter is not None:
+            if self.ready is None:
+                drafter.commit(len(self.context) + verdict.accepted)
+            self.drafting.policy.record(
+                len(step.draft.tokens),
+                verdict.accepted,
+                done - step.started,
+                step.drafted_at - step.started,
+                step.draft.evidence,
+                timed=self.judged_steps > 0,
+            )
+        self.judged_steps += 1
+        stats.steps += 1
+        stats.drafted += len(step.draft.tokens)
+        stats.accepted += verdict.accepted
+        if step.k is not None:
+            stats.k_chosen.append(step.k)
+        stats.draft_seconds += step.drafted_at - step.started
+        stats.target_seconds += done - step.drafted_at
+        # the tokens judged were chosen at the judged positions, in order
+        return verdict.tokens, [judged.score(i, token, self.params) for i, token in enumerate(verdict.tokens)]
 
 
 class _DraftAhead:
