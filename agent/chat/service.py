@@ -107,6 +107,24 @@ class AnswerTally:
     thread count that round differently (told in the ``done`` event, counted in the status)."""
 
 
+@dataclass
+class _Answer:
+    """One answer under way: what was asked, its prompt, the most new tokens it may have (``budget``), when it
+    began, and what it has done so far."""
+
+    request: ChatRequest
+    prompt_ids: list[int]
+    budget: int
+    started: float
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    tally: AnswerTally = field(default_factory=AnswerTally)
+    shown: StopText = field(init=False)
+    """The text shown so far, held back where a stop sequence may begin."""
+
+    def __post_init__(self) -> None:
+        self.shown = StopText(self.request.stop)
+
+
 class _Pieces:
     """Token ids as the text of each alone, for log-probabilities (a token is looked up once an answer)."""
 
@@ -348,51 +366,25 @@ class ChatService:
         if model is None:
             yield ChatEvent.error("ring_unavailable", self._not_ready())
             return
-        manifest, tokenizer = model.manifest, model.tokenizer
-        params = request.sampling
-        # tokenizing a long conversation takes milliseconds to seconds: off the event loop
-        loop = asyncio.get_running_loop()
-        if request.prompt is not None:  # a completion: the text as it is, with the model's own special tokens
-            prompt_ids = await loop.run_in_executor(None, lambda: tokenizer.encode(request.prompt or "", True))
-        else:
-            prompt_ids = await loop.run_in_executor(None, tokenizer.encode_chat, request.chat_messages())
-        try:
-            check_vocabulary(prompt_ids, manifest.arch.vocab_size, tokenizer)
-            # the refusal names the request's field; a client words it its own way from the figures
-            budget = check_prompt(prompt_ids, request.max_tokens, manifest.context_tokens, setting="max_tokens")
-        except ChatProtocolError as exc:
-            yield ChatEvent.error(exc.code, str(exc))
+        prompt = await self._prompt(model, request)
+        if isinstance(prompt, ChatEvent):
+            yield prompt
             return
-        except PromptTooLongError as exc:
-            at_fault = "max_tokens" if exc.lowering_helps else "messages" if request.prompt is None else "prompt"
-            yield ChatEvent.error("prompt_too_long", str(exc), at_fault, exc.figures)
-            return
-        if request.max_tokens is None and budget < DEFAULT_MAX_TOKENS:
-            log.info(
-                "node=%s no max_tokens asked: the answer gets %d new tokens, the room a %d-token prompt leaves in "
-                "the %d-token context",
-                self.node,
-                budget,
-                len(prompt_ids),
-                manifest.context_tokens,
-            )
-        conversation = self.kept.take(prompt_ids, params)
+        prompt_ids, budget = prompt
+        conversation = self.kept.take(prompt_ids, request.sampling)
         if conversation is None and not self.server.table.reserve():
             yield ChatEvent.error(
                 "fleet_busy",
                 f"fleet busy: {self.node} already holds {self.server.table.capacity} sessions; try again later",
             )
             return
-        stats = DecodeStats()
-        tally = AnswerTally()
-        shown = StopText(request.stop)
-        started = time.perf_counter()
+        answer = _Answer(request, prompt_ids, budget, time.perf_counter())
         finished = False
         try:
             if conversation is None:
                 conversation = await self._open(request)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
-            events = self._tokens(model, conversation, prompt_ids, request, budget, stats, tally, shown, started)
+            events = self._tokens(model, conversation, answer)
             async with contextlib.aclosing(events) as tokens:
                 async for event in tokens:
                     yield event
@@ -421,66 +413,91 @@ class ChatService:
                     if conversation is not None:
                         with contextlib.suppress(RingError):
                             await asyncio.shield(conversation.target.close())
-        seconds = time.perf_counter() - started
+        yield self._done(conversation, answer)
+
+    async def _prompt(self, model: ChatModel, request: ChatRequest) -> tuple[list[int], int] | ChatEvent:
+        """The request's prompt as token ids and the most new tokens it may have; or the error event refusing it
+        (a token the model lacks, a prompt too long for the context)."""
+        manifest, tokenizer = model.manifest, model.tokenizer
+        # tokenizing a long conversation takes milliseconds to seconds: off the event loop
+        loop = asyncio.get_running_loop()
+        if request.prompt is not None:  # a completion: the text as it is, with the model's own special tokens
+            prompt_ids = await loop.run_in_executor(None, lambda: tokenizer.encode(request.prompt or "", True))
+        else:
+            prompt_ids = await loop.run_in_executor(None, tokenizer.encode_chat, request.chat_messages())
+        try:
+            check_vocabulary(prompt_ids, manifest.arch.vocab_size, tokenizer)
+            # the refusal names the request's field; a client words it its own way from the figures
+            budget = check_prompt(prompt_ids, request.max_tokens, manifest.context_tokens, setting="max_tokens")
+        except ChatProtocolError as exc:
+            return ChatEvent.error(exc.code, str(exc))
+        except PromptTooLongError as exc:
+            at_fault = "max_tokens" if exc.lowering_helps else "messages" if request.prompt is None else "prompt"
+            return ChatEvent.error("prompt_too_long", str(exc), at_fault, exc.figures)
+        if request.max_tokens is None and budget < DEFAULT_MAX_TOKENS:
+            log.info(
+                "node=%s no max_tokens asked: the answer gets %d new tokens, the room a %d-token prompt leaves in "
+                "the %d-token context",
+                self.node,
+                budget,
+                len(prompt_ids),
+                manifest.context_tokens,
+            )
+        return prompt_ids, budget
+
+    def _done(self, conversation: KeptConversation | None, answer: _Answer) -> ChatEvent:
+        """The answer's ``done`` event, once it is counted in the service's totals and logged."""
+        seconds = time.perf_counter() - answer.started
         self.answered += 1
-        tally.exact = tally.exact and conversation is not None and conversation.target.repeatable()
-        if not tally.exact:
+        answer.tally.exact = answer.tally.exact and conversation is not None and conversation.target.repeatable()
+        if not answer.tally.exact:
             self.inexact += 1
         # a replayed answer computed its whole history again: nothing of its prompt was reused
-        cached = conversation.target.reused if conversation is not None and not tally.replays else 0
+        cached = conversation.target.reused if conversation is not None and not answer.tally.replays else 0
         self.totals.update(
-            tokens=stats.tokens,
-            prompt_tokens=len(prompt_ids),
+            tokens=answer.stats.tokens,
+            prompt_tokens=len(answer.prompt_ids),
             cached_tokens=cached,
-            steps=stats.steps + 1,
-            drafted=stats.drafted,
-            accepted=stats.accepted,
+            steps=answer.stats.steps + 1,
+            drafted=answer.stats.drafted,
+            accepted=answer.stats.accepted,
         )
         self.answer_seconds += seconds
-        self.last_k = stats.median_k
+        self.last_k = answer.stats.median_k
         log.info(
             "node=%s chat answered: %d tokens in %.2f s, %d steps, %d prompt tokens reused",
             self.node,
-            stats.tokens,
+            answer.stats.tokens,
             seconds,
-            stats.steps + 1,
+            answer.stats.steps + 1,
             cached,
         )
-        yield ChatEvent(
+        return ChatEvent(
             "done",
-            text=shown.rest(),
+            text=answer.shown.rest(),
             stats={
-                "finish_reason": "stop" if shown.stopped or stats.tokens < budget else "length",
-                "tokens": stats.tokens,
-                "max_tokens": budget,
+                "finish_reason": "stop" if answer.shown.stopped or answer.stats.tokens < answer.budget else "length",
+                "tokens": answer.stats.tokens,
+                "max_tokens": answer.budget,
                 "seconds": round(seconds, 4),
-                "steps": stats.steps + 1,
-                "drafted": stats.drafted,
-                "accepted": stats.accepted,
-                "median_k": stats.median_k,
-                "prompt_tokens": len(prompt_ids),
+                "steps": answer.stats.steps + 1,
+                "drafted": answer.stats.drafted,
+                "accepted": answer.stats.accepted,
+                "median_k": answer.stats.median_k,
+                "prompt_tokens": len(answer.prompt_ids),
                 "cached_tokens": cached,
-                "seed": request.seed,
-                "replays": tally.replays,
-                "interruptions": tally.interruptions,
-                "exact": tally.exact,
+                "seed": answer.request.seed,
+                "replays": answer.tally.replays,
+                "interruptions": answer.tally.interruptions,
+                "exact": answer.tally.exact,
             },
         )
 
     async def _tokens(
-        self,
-        model: ChatModel,
-        conversation: KeptConversation,
-        prompt_ids: list[int],
-        request: ChatRequest,
-        budget: int,
-        stats: DecodeStats,
-        tally: AnswerTally,
-        shown: StopText,
-        started: float,
+        self, model: ChatModel, conversation: KeptConversation, answer: _Answer
     ) -> AsyncGenerator[ChatEvent, None]:
-        """The token events of one answer, ``budget`` of them at most (and before its first token, the
-        ``progress`` of a prompt cut into chunks: ``PromptProgress``, its seconds counted from ``started``). The
+        """The token events of one answer, ``answer.budget`` of them at most (and before its first token, the
+        ``progress`` of a prompt cut into chunks: ``PromptProgress``, its seconds counted from ``answer.started``). The
         answer survives two failures without the user losing it:
 
         - a kept session that a stage evicted (it gave the place to a new session) as this turn took it over
@@ -496,26 +513,26 @@ class ChatService:
         tokenizer = model.tokenizer
         stream = TextStream(tokenizer)
         sent: list[int] = []
-        scores: list[TokenScore] | None = [] if request.logprobs is not None else None
+        scores: list[TokenScore] | None = [] if answer.request.logprobs is not None else None
         pieces = _Pieces(tokenizer)
         while True:
-            history = prompt_ids + sent
+            history = answer.prompt_ids + sent
             tokens = decode(
                 conversation.target,
                 history,
-                max_tokens=budget - len(sent),
+                max_tokens=answer.budget - len(sent),
                 stop_ids=tokenizer.stop_ids,
-                params=request.sampling,
+                params=answer.request.sampling,
                 context_tokens=model.manifest.context_tokens,
-                drafter=model.drafters.new(request.sampling),
+                drafter=model.drafters.new(answer.request.sampling),
                 k_policy=AdaptiveK(),
                 executor=self.server.executor,
-                stats=stats,
+                stats=answer.stats,
                 turn=conversation.turn,
                 scores=scores,
             )
             resumed = bool(conversation.target.held)  # a kept session taken over, not a fresh one
-            progress = PromptProgress(started)
+            progress = PromptProgress(answer.started)
             conversation.target.watch_prefill(progress.report if not sent else None)
             self._prompts.add(progress)
             try:
@@ -527,8 +544,8 @@ class ChatService:
                             continue
                         sent.append(item)
                         scored = pieces.logprob(item, scores[-1]) if scores and len(scores) == len(sent) else None
-                        yield ChatEvent("token", id=item, text=shown.push(stream.push(item)), logprobs=scored)
-                        if shown.stopped:  # a stop sequence: the answer ends here, normally
+                        yield ChatEvent("token", id=item, text=answer.shown.push(stream.push(item)), logprobs=scored)
+                        if answer.shown.stopped:  # a stop sequence: the answer ends here, normally
                             break
                 return
             except SessionEvictedError:
@@ -539,16 +556,16 @@ class ChatService:
                 )
                 replay = False
             except PeerUnavailableError as exc:
-                if tally.replays >= MAX_REPLAYS or self._holds_all:
+                if answer.tally.replays >= MAX_REPLAYS or self._holds_all:
                     raise
-                tally.interruptions.append(str(exc))
+                answer.tally.interruptions.append(str(exc))
                 log.warning(
                     "node=%s ring lost after %d tokens of an answer (%s): replaying its steps into a "
                     "fresh session once the ring is back (%d of %d)",
                     self.node,
                     len(sent),
                     exc,
-                    tally.replays + 1,
+                    answer.tally.replays + 1,
                     MAX_REPLAYS,
                 )
                 replay = True
@@ -556,13 +573,13 @@ class ChatService:
                 self._prompts.discard(progress)
                 conversation.target.watch_prefill(None)
             lost = conversation.target
-            tally.exact = tally.exact and lost.repeatable()
+            answer.tally.exact = answer.tally.exact and lost.repeatable()
             if replay:
-                fresh = await self._replayed(request, lost, tally)
-                tally.replays += 1
+                fresh = await self._replayed(answer.request, lost, answer.tally)
+                answer.tally.replays += 1
                 self.replayed += 1
             else:
-                fresh = await self._open(request)
+                fresh = await self._open(answer.request)
             conversation.target, conversation.turn = fresh.target, fresh.turn
             await lost.close()
 
