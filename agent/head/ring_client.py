@@ -29,6 +29,7 @@ from agent.errors import (
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_chunks
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
+from agent.runtime.pipeline import run_stages
 from agent.runtime.protocol import KVSession, Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.params import SamplingParams
@@ -501,11 +502,7 @@ class RingSession:
         """Runs on the executor: the hidden states of ``ids`` from the head's own stages, and the seconds taken
         (``prompt``: a prompt's step or chunk, which a stage may compute on its prompt compilation)."""
         started = time.perf_counter()
-        positions = np.arange(position, position + len(ids), dtype=np.int64)[None]
-        x: np.ndarray = np.asarray([ids], dtype=np.int64)
-        for session in self._local:
-            session.rewind(rewind)
-            x = session.step(x, positions, last_only=prompt)
+        x = run_stages(self._local, np.asarray([ids], dtype=np.int64), position, rewind=rewind, last_only=prompt)
         hidden = np.array(x, dtype=self.client._wire_dtype)
         return hidden, time.perf_counter() - started
 

@@ -30,6 +30,7 @@ from agent.node.facts import resident_mb
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
+from agent.runtime.pipeline import run_stages
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.readout import read_out
@@ -425,14 +426,9 @@ class StageServer:
 
     def _compute(self, state: SessionState, inputs: np.ndarray, frame: Frame) -> Frame:
         """Runs on the worker thread: rewind, the stages' inference, the frame to send on."""
-        for session in state.stages:
-            session.rewind(frame.rewind)
-        positions = np.arange(frame.position, frame.position + frame.count, dtype=np.int64)[None]
-        x = inputs
         part = bool(frame.flags & StepFlags.PART)
         last_only = part or bool(frame.flags & StepFlags.LAST_ONLY)
-        for session in state.stages:
-            x = session.step(x, positions, last_only=last_only)
+        x = run_stages(state.stages, inputs, frame.position, rewind=frame.rewind, last_only=last_only)
         flags = frame.flags
         if not step_is_repeatable(self.exact, frame.count, frame.rewind, last_only):
             flags |= StepFlags.UNREPEATABLE
