@@ -30,8 +30,8 @@ from bench.shards_bench import command_line, describe_machine, publish, rotation
 from bench.stats import Summary, paired_ratios
 
 if TYPE_CHECKING:
-    from agent.chat.endpoint import ChatEndpoint
-    from agent.chat.protocol import ChatRequest
+    from agent.chat_client.endpoint import ChatEndpoint
+    from agent.chat_client.protocol import ChatRequest
 
 MODES = ("kept", "afresh")
 DEFAULT_FOLLOW_UPS = (
@@ -145,7 +145,7 @@ async def timed_answer(
 ) -> tuple[float, float, str, list[int], dict[str, Any]]:
     """Ask ``request`` of a chat agent: the seconds to its first token and to the end,
     the answer's text and token ids, and the ``done`` event's stats."""
-    from agent.chat.client import ask
+    from agent.chat_client.client import ask
 
     started = time.perf_counter()
     first: float | None = None
@@ -171,8 +171,8 @@ async def timed_answer(
 
 
 async def _measure(ring: ChatRing, settings: ChatBenchSettings) -> list[TurnResult]:
-    from agent.chat.endpoint import ChatEndpoint
-    from agent.chat.protocol import ChatRequest
+    from agent.chat_client.endpoint import ChatEndpoint
+    from agent.chat_client.protocol import ChatRequest
 
     endpoints = {mode: ChatEndpoint.load(path) for mode, path in ring.endpoints.items()}
     results: list[TurnResult] = []
@@ -252,7 +252,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         "untimed one, the two agents alternating in rotated order (a conversation's first turn does not "
         "continue the last one's, so it starts afresh with both). "
         f"Stages compute in precision `{settings['precision']}`. Times are the client's "
-        "(`agent.chat.client.ask`): first token = request to first token, the prompt's "
+        "(`agent.chat_client.client.ask`): first token = request to first token, the prompt's "
         "step included; turn = request to the end of the answer. Paired: median of the per-round ratios.",
         "",
         "| turn | prompt tokens | kept from the last turn | first token, kept (s) | first token, afresh (s) "

@@ -141,9 +141,9 @@ class _ServingAgent:
         return self
 
     async def _ask(self, chat_file: Path) -> None:
-        from agent.chat.client import ask
-        from agent.chat.endpoint import ChatEndpoint
-        from agent.chat.protocol import ChatRequest
+        from agent.chat_client.client import ask
+        from agent.chat_client.endpoint import ChatEndpoint
+        from agent.chat_client.protocol import ChatRequest
 
         endpoint = ChatEndpoint.load(chat_file)
         request = ChatRequest(

@@ -49,9 +49,9 @@ HTTP_PORT = 8091
 ASK_UNTIL_ANSWERED = """
 import asyncio, json, sys, time
 from pathlib import Path
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 path, deadline, start_at = Path(sys.argv[1]), time.monotonic() + float(sys.argv[2]), float(sys.argv[3])
 async def main():
     tries = 0

@@ -56,7 +56,7 @@ from bench.stats import Summary
 from bench.worker import RunSpec, WorkerProcess
 
 if TYPE_CHECKING:
-    from agent.chat.endpoint import ChatEndpoint
+    from agent.chat_client.endpoint import ChatEndpoint
 
 CONFIGS = (
     "genai",
@@ -294,7 +294,7 @@ def _in_process(config: str, model_dir: Path, m: Measuring, results: list[Prefil
 
 def _ring(config: str, export: Path, m: Measuring, results: list[PrefillRun]) -> None:
     """A ring of fresh agents, asked through its chat agent's endpoint."""
-    from agent.chat.endpoint import ChatEndpoint
+    from agent.chat_client.endpoint import ChatEndpoint
 
     chunk = m.settings.prefill_chunk if config.endswith(PIPELINED) else 0
     flags = ["--chat-keep", "0", "--drafter", "none", "--prefill-chunk", str(chunk)]
@@ -312,7 +312,7 @@ def _ring(config: str, export: Path, m: Measuring, results: list[PrefillRun]) ->
 
 
 async def _ask_ring(endpoint: ChatEndpoint, prompt: Prompt) -> tuple[float, int | None]:
-    from agent.chat.protocol import ChatRequest
+    from agent.chat_client.protocol import ChatRequest
     from bench.chat_bench import timed_answer
 
     request = ChatRequest(token=endpoint.token, messages=(), prompt=prompt.text, max_tokens=1)

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 from agent.errors import BenchError
 from agent.fleet import NodeIdentity
 

@@ -8,6 +8,7 @@
 - where data comes from: ``sources`` (the chat and status sources, behind Protocols) and ``store``
   (conversations in SQLite).
 
-It imports ``agent.chat`` (the protocol and client) and ``agent.errors``, never the agent's runtime: the
-command line (``agent/cli/chat_cmd.py``) hands it the status link.
+It imports ``agent.chat_client`` (the endpoint file, the protocol and a client) and ``agent.errors``, never the
+serving ``agent.chat`` nor the agent's runtime: the command line (``agent/cli/chat_cmd.py``) hands it the status
+link.
 """

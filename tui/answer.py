@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.chat.protocol import ChatEvent
+from agent.chat_client.protocol import ChatEvent
 
 
 @dataclass

@@ -26,7 +26,7 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header
 
-from agent.chat.progress import progress_line
+from agent.chat_client.client import progress_line
 from agent.errors import ShoalError
 from tui.admin import AdminSource
 from tui.admin_screen import ADMIN_COMMANDS, AdminScreen

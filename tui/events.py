@@ -9,7 +9,7 @@ from typing import Any
 
 from textual.message import Message
 
-from agent.chat.protocol import ChatEvent
+from agent.chat_client.protocol import ChatEvent
 from tui.answer import AnswerTally
 from tui.generation import GenerationSettings, Turn
 from tui.message import MessageView

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.protocol import ChatRequest
 from agent.errors import ConfigError
 
 Turn = tuple[str, str]

@@ -3,7 +3,7 @@
 The app sees nothing else of the agent, so tests hand it fakes (and a fixed clock). The real ones:
 
 - :class:`EndpointChatSource` reads the agent's endpoint file (``chat.json``) at each answer, so an agent
-  restarted on another port is found again, and streams through ``agent.chat.client.ask``. Leaving an
+  restarted on another port is found again, and streams through ``agent.chat_client.client.ask``. Leaving an
   answer's iteration early closes its connection, which cancels the answer on the agent: Esc does that.
 - :class:`LinkStatusSource` keeps one status link open (``StatusLink`` of ``shoal status``, handed in by the
   command line as a ``connect`` function, so that this package never imports the agent's runtime) and dials
@@ -24,9 +24,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.errors import ChatEndpointError, PeerUnavailableError, ShoalError
 from tui.generation import GenerationSettings, Turn
 

@@ -27,8 +27,8 @@ from typing import Any
 import h11
 
 from agent.chat.openai_request import parse_openai
-from agent.chat.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent, TokenLogprob
 from agent.chat.watch import ClientWatch
+from agent.chat_client.protocol import MAX_LINE_BYTES, ChatAnswerer, ChatEvent, TokenLogprob
 from agent.errors import HTTPError
 from agent.transport.http import read_request, request_begins, send, send_body
 from agent.transport.listen import listen_tcp

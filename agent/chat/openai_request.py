@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.protocol import ChatRequest
 from agent.errors import ChatProtocolError, HTTPError
 from agent.sampling.params import MAX_TOP_LOGPROBS
 from agent.wire.jsonbody import loads_json

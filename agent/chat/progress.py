@@ -14,13 +14,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from agent.chat.protocol import ChatEvent
-
-
-def progress_line(progress: ChatEvent) -> str:
-    """What a ``progress`` event says, in a few words (``shoal ask``, the TUI)."""
-    stats = progress.stats
-    return f"prompt: {stats['done']:,} of {stats['total']:,} positions in, {stats['seconds']:.1f} s"
+from agent.chat_client.protocol import ChatEvent
 
 
 class PromptProgress:

@@ -1,6 +1,6 @@
 """``ChatService``: the agent of the PC where the user chats is the head of that conversation.
 
-The agent serves a chat endpoint on loopback (``agent.chat.protocol``). For each request it runs the
+The agent serves a chat endpoint on loopback (``agent.chat_client.protocol``). For each request it runs the
 generation loop itself: the export's tokenizer and chat template, a drafter, speculative decoding.
 Holding stage 0 it computes that stage in-process, on the same compiled graphs and the same one
 thread as the ring steps it serves for other heads, and sends hidden states on to the next stage; not
@@ -32,12 +32,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agent.chat.endpoint import ChatEndpoint
 from agent.chat.kept import KeptConversation, KeptConversations
 from agent.chat.progress import PromptProgress
-from agent.chat.protocol import MAX_LINE_BYTES, Alternative, ChatEvent, ChatRequest, TokenLogprob
 from agent.chat.stop_text import StopText
 from agent.chat.watch import ClientWatch
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import MAX_LINE_BYTES, Alternative, ChatEvent, ChatRequest, TokenLogprob
 from agent.errors import (
     ChatProtocolError,
     ConfigError,

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-MAX_STOPS = 4
-"""As OpenAI: at most four stop sequences."""
-
 
 class StopText:
     """Finds the first of ``stops`` in a streamed text."""

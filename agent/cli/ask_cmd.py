@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.progress import progress_line
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.client import ask, progress_line
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.cli.common import Subcommands
 from agent.errors import ChatAnswerError, PromptTooLongError
 

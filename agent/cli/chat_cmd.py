@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.addresses import parse_address
-from agent.chat.endpoint import ChatEndpoint
+from agent.chat_client.endpoint import ChatEndpoint
 from agent.cli.common import Subcommands, identity_dir
 from agent.cli.status_link import StatusLink
 from agent.errors import FleetError, PeerUnavailableError

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 from agent.cli.ask_cmd import answer_summary, stream_chat
 from agent.cli.common import Subcommands, exit_on_sigterm
 from agent.cli.export_cmd import export_unless_current

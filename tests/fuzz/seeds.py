@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.chat.protocol import Alternative, ChatEvent, ChatRequest, TokenLogprob
+from agent.chat_client.protocol import Alternative, ChatEvent, ChatRequest, TokenLogprob
 from agent.fleet import fleet_id_of
 from agent.sampling.readout import StepOutput
 from agent.wire import Frame, FrameType, StepFlags, encode_frame

@@ -22,7 +22,7 @@ from typing import Any
 import h11
 
 from agent.chat.openai_request import parse_openai
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+from agent.chat_client.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 from agent.errors import ShoalError
 from agent.transport.http import read_request
 from agent.wire import HEADER_SIZE, Frame, FrameDecoder, FrameType
@@ -145,7 +145,8 @@ def fleet_ca() -> tuple[Any, Any]:
 
 # -- the chat endpoint and the OpenAI-style API -------------------------------------------------------
 def chat_line(data: bytes) -> None:
-    """``agent.chat.protocol``: one line as a request (what the agent reads) and as an event (what clients read)."""
+    """``agent.chat_client.protocol``: one line as a request (what the agent reads) and as an event (what clients
+    read)."""
     for read in (ChatRequest.from_line, ChatEvent.from_line):
         with contextlib.suppress(ShoalError):
             read(data)

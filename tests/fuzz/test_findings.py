@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from agent.chat.openai_request import parse_openai
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.protocol import ChatRequest
 from agent.errors import ChatProtocolError, FleetError, HTTPError, RemoteProtocolError
 from agent.fleet.enrollment import _parse_request
 from agent.fleet.signed import verify_document

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from agent.chat import openai_http
 from agent.chat.openai_http import OpenAIEndpoint
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+from agent.chat_client.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 
 TOKEN = "secret"
 SLOW = 0.3

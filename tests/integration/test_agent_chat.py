@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.head.chat import ChatTokenizer
 from agent.head.decode import decode
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK, chunk_floor

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 from agent.daemon import Daemon
 from agent.donor.policy import DonorSettings, Readings
 from agent.fleet import NodeIdentity, init_fleet, issue_node

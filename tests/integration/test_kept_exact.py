@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
 from tests.integration.ring_lab import AgentProcess, Fleet, start_agent
 

@@ -40,9 +40,9 @@ MAX_TOKENS = 48
 ASK_TIMED = """
 import asyncio, json, sys, time
 from pathlib import Path
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 endpoint = ChatEndpoint.load(Path(sys.argv[1]))
 request = ChatRequest(token=endpoint.token, messages=(("user", sys.argv[2]),), max_tokens=int(sys.argv[3]))
 async def main():

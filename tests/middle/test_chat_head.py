@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.daemon import Daemon, DaemonAddresses
 from agent.head.prefill import prefill_chunks
 from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, ring_and_chat, run, stage_address

@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 from agent.cli.ask_cmd import stream_chat
 from agent.errors import ChatAnswerError
 from tests.middle.test_openai_api import _api

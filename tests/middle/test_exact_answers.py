@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.daemon import Daemon
 from tests.middle.toy_ring import ring_and_chat, run
 from tests.support.toy_model import FIRST_TEXT_ID, ToyTokenizer

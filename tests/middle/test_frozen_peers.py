@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.protocol import ChatRequest
 from agent.errors import PeerUnavailableError
 from agent.transport.heartbeat import Liveness
 from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.protocol import ChatRequest
 from agent.head.adaptive_k import AdaptiveK
 from agent.head.decode import DecodeStats, decode
 from agent.head.drafters import NGramDrafter

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.protocol import ChatRequest
 from agent.daemon import Daemon
 from agent.errors import ConfigError
 from agent.fleet import NodeIdentity, init_fleet, issue_node

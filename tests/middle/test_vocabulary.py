@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.protocol import ChatRequest
 from agent.errors import SessionFailedError
 from tests.middle.toy_ring import GREEDY, answer, reference, ring_and_chat, ring_and_client, run
 from tests.support.toy_model import VOCAB, ToyTokenizer

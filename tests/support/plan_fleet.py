@@ -27,9 +27,9 @@ and a late agent measured faster by chance would take a stage over instead of st
 ASK = """
 import asyncio, json, sys
 from pathlib import Path
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 endpoint = ChatEndpoint.load(Path(sys.argv[1]))
 request = ChatRequest(token=endpoint.token, messages=(("user", sys.argv[2]),), max_tokens=int(sys.argv[3]))
 async def main():

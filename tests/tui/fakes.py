@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from agent.chat.protocol import ChatEvent
+from agent.chat_client.protocol import ChatEvent
 from agent.errors import FleetError, PeerUnavailableError
 from tui.admin import AdminOutcome, AdminOverview, EnrolledEntry, JoinInvite, PinEntry
 from tui.generation import GenerationSettings, Turn

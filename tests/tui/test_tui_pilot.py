@@ -12,7 +12,7 @@ import pytest
 from textual.command import CommandList
 from textual.widgets import DataTable, Input, Label, Markdown
 
-from agent.chat.protocol import ChatEvent
+from agent.chat_client.protocol import ChatEvent
 from tests.tui.fakes import NODES, FakeChat, FakePeers, FakeStatus, FixedClock, fleet_status, run, tokens, until
 from tui.app import ChatApp
 from tui.conversation import ConversationView

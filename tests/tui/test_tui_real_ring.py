@@ -1,7 +1,7 @@
 """The TUI against a real fleet: four agents in this process over mutual TLS with the int4 3-stage SmolLM2
 export (real OpenVINO). Three hold the stages the plan gives them; the fourth, the user's PC, holds none and
 heads the chat. The app polls the head's real status (the stage table fills in as the ring forms) and streams
-a greedy answer through the head's chat endpoint: its text is exactly what ``agent.chat.client.ask`` gives.
+a greedy answer through the head's chat endpoint: its text is exactly what ``agent.chat_client.client.ask`` gives.
 It also reads each stage agent's own status, as ``shoal chat`` does: every row gets its layers from the plan,
 and its step latency, sessions and memory from the agent serving it."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from agent.addresses import parse_address
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 from agent.cli.status_link import StatusLink
 from agent.fleet import NodeIdentity, init_fleet, issue_node
 from discovery.fleet_document import ModelSource, serving

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.cli.chat_cmd import identity_folder, peer_source, status_source
 from agent.cli.main import main
 from agent.errors import FleetError, PeerUnavailableError

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from textual.widgets import DataTable
 
-from agent.chat.client import ask
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatRequest
+from agent.chat_client.client import ask
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatRequest
 from agent.cli.status_link import StatusLink
 from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.node.launcher import LocalAgent, launch_agent

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.chat.protocol import ChatEvent
+from agent.chat_client.protocol import ChatEvent
 from agent.errors import ConfigError
 from tests.tui.fakes import NODES, FixedClock, fleet_status, peer_statuses, stage_status
 from tui.answer import AnswerTally, stats_line

@@ -8,8 +8,8 @@ import io
 
 import pytest
 
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.cli.ask_cmd import stream_chat
 from agent.errors import ShoalError
 

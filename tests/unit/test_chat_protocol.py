@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 from agent.errors import ChatEndpointError, ChatProtocolError
 
 

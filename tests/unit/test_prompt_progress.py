@@ -9,8 +9,9 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from agent.chat.progress import PromptProgress, progress_line
-from agent.chat.protocol import ChatEvent
+from agent.chat.progress import PromptProgress
+from agent.chat_client.client import progress_line
+from agent.chat_client.protocol import ChatEvent
 
 
 def test_reports_come_before_the_first_token_and_none_after() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.chat.protocol import ChatEvent, ChatRequest
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.errors import PromptTooLongError
 from agent.head.chat import DEFAULT_MAX_TOKENS, check_prompt
 

@@ -1,4 +1,4 @@
-"""A chat client of the local agent: send one request, read its events (``shoal ask``, the TUI)."""
+"""A chat client of the local agent: send one request, read its events, say what they mean (``shoal ask``, the TUI)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from agent.chat.endpoint import ChatEndpoint
-from agent.chat.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
+from agent.chat_client.endpoint import ChatEndpoint
+from agent.chat_client.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 
 
 async def ask(endpoint: ChatEndpoint, request: ChatRequest) -> AsyncIterator[ChatEvent]:
@@ -34,3 +34,9 @@ async def ask(endpoint: ChatEndpoint, request: ChatRequest) -> AsyncIterator[Cha
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
+
+
+def progress_line(progress: ChatEvent) -> str:
+    """What a ``progress`` event says, in a few words (``shoal ask``, the TUI)."""
+    stats = progress.stats
+    return f"prompt: {stats['done']:,} of {stats['total']:,} positions in, {stats['seconds']:.1f} s"

@@ -15,10 +15,12 @@ from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, Protocol
 
-from agent.chat.stop_text import MAX_STOPS
 from agent.errors import ChatProtocolError, ShoalError
 from agent.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
 from agent.wire.jsonbody import loads_json
+
+MAX_STOPS = 4
+"""As OpenAI: at most four stop sequences (``agent.chat.stop_text`` finds them in the answer)."""
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20
