@@ -19,14 +19,15 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Static
+from textual.widgets import DataTable, Footer, Label, Static
 
 from agent.errors import ShoalError
 from tui.admin import AdminOutcome, AdminOverview, AdminSource, EnrolledEntry, JoinInvite, PinEntry, Severity
-from tui.form_dialog import FormDialog
+from tui.confirm_dialog import ConfirmDialog
+from tui.pin_dialog import PinDialog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -290,79 +291,3 @@ class AdminScreen(ModalScreen[None]):
     @on(DataTable.RowHighlighted)
     def _selection_moved(self) -> None:
         self.refresh_bindings()
-
-
-class PinDialog(FormDialog[PinEntry]):
-    """Asks for a node and a stage to pin; dismissed with the pin (ctrl+s, Enter or Pin) or None (Esc)."""
-
-    SAVE_BUTTON = "pin-save"
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "cancel", "Cancel", id="pin.cancel"),
-        Binding("ctrl+s", "save", "Pin", id="pin.save"),
-    ]
-
-    def __init__(self, node: str = "") -> None:
-        super().__init__()
-        self.node = node
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="pin-dialog", classes="admin-modal") as dialog:
-            dialog.border_title = "Pin a stage to a node"
-            yield Label("Node (name or node id)")
-            yield Input(self.node, placeholder="pc-big", id="pin-node")
-            yield Label("Stage")
-            yield Input("", placeholder="0", id="pin-stage", type="integer")
-            yield Checkbox("preferred: placed elsewhere while the node cannot hold it", id="pin-prefer")
-            yield Label("", id="pin-error", markup=False)
-            with Horizontal(classes="admin-buttons"):
-                yield Button("Pin", variant="primary", id="pin-save")
-                yield Button("Cancel", id="pin-cancel")
-
-    def on_mount(self) -> None:
-        self.query_one("#pin-stage" if self.node else "#pin-node", Input).focus()
-
-    def action_save(self) -> None:
-        node = self.query_one("#pin-node", Input).value.strip()
-        stage = self.query_one("#pin-stage", Input).value.strip()
-        error = self.query_one("#pin-error", Label)
-        if not node:
-            error.update("name the node to pin")
-            return
-        if not stage.isdigit():
-            error.update(f"the stage is a stage index (0 or more), not {stage!r}")
-            return
-        prefer = self.query_one("#pin-prefer", Checkbox).value
-        self.dismiss(PinEntry(node, int(stage), required=not prefer))
-
-
-class ConfirmDialog(ModalScreen[bool]):
-    """A yes-or-no question; the safe answer (no) has the focus, so Enter alone never confirms."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,n", "answer(False)", "No", id="confirm.no"),
-        Binding("y", "answer(True)", "Yes", id="confirm.yes"),
-    ]
-
-    def __init__(self, question: str, yes: str) -> None:
-        super().__init__()
-        self.question = question
-        self.yes = yes
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="confirm-dialog", classes="admin-modal") as dialog:
-            dialog.border_title = "Confirm"
-            yield Label(self.question, id="confirm-question", markup=False)
-            with Horizontal(classes="admin-buttons"):
-                yield Button(f"{self.yes} (y)", variant="error", id="confirm-yes")
-                yield Button("Cancel (n)", id="confirm-no")
-
-    def on_mount(self) -> None:
-        self.query_one("#confirm-no", Button).focus()
-
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.dismiss(event.button.id == "confirm-yes")

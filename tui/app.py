@@ -11,26 +11,23 @@ line hands one in when this PC holds the fleet's CA key.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header
 
 from agent.chat_client.client import progress_line
-from agent.errors import ShoalError
 from tui.admin import AdminSource
 from tui.admin_screen import ADMIN_COMMANDS, AdminScreen
 from tui.answer import AnswerTally, stats_line
+from tui.answer_stream import stream_answer
 from tui.conversation import ConversationView
 from tui.events import (
     AnswerDone,
@@ -48,7 +45,8 @@ from tui.events import (
     StoreFailed,
     Thread,
 )
-from tui.fleet import WAITING, FleetReport, fleet_report, peer_addresses, unreachable
+from tui.fleet import WAITING, FleetReport
+from tui.fleet_polls import FleetPolls
 from tui.fleet_view import FleetView
 from tui.generation import GenerationSettings
 from tui.history import HistoryScreen
@@ -57,12 +55,12 @@ from tui.settings import SettingsScreen
 from tui.sources import ChatSource, Clock, PeerStatusSource, StatusSource
 from tui.status_line import StatusLine
 from tui.store import ConversationStore, title_of
+from tui.store_jobs import StoreJobs
 from tui.throughput import RateHistory, ThroughputPanel
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SETTINGS_KEY = "generation"
 _MAIN_SCREEN_ACTIONS = frozenset({"stop", "new_conversation", "conversations", "settings", "toggle_fleet", "admin"})
 PLOT_MINUTES = 3.0
 
@@ -98,24 +96,15 @@ class ChatApp(App[None]):
         ``admin``: the fleet admin's source (None: no admin screen)."""
         super().__init__()
         self._chat = chat
-        self._status = status
-        self._peers = peers
         self.admin = admin
-        self._store = store
         self._clock = clock
-        self._poll_seconds = poll_seconds
-        self._store_lock = asyncio.Lock()
+        self._polls = FleetPolls(status, peers, poll_seconds)
+        self._store = StoreJobs(store, self.post_message)
         self.settings = GenerationSettings()
         self.thread = Thread()
         self.turn: AnswerTurn | None = None
         """The answer streaming now (None: none)."""
         self.fleet: FleetReport = WAITING
-        self._status_docs: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)
-        """The local agent's last status and the one before (for recent step latencies)."""
-        self._peer_docs: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] = ({}, {})
-        """The plan's other agents' last statuses by node id, and the ones before those."""
-        self._peer_targets: dict[str, str] = {}
-        """The agents to poll besides the local one: node id -> ``host:port``."""
         self.rates = RateHistory(window=PLOT_MINUTES * 60)
         # the widgets, made here and kept: handlers reach them even while a dialog is the current screen
         self.conversation = ConversationView(id="conversation")
@@ -141,18 +130,14 @@ class ChatApp(App[None]):
         self.sub_title = "new conversation"
         self.prompt.focus()
         self._poll_status()
-        if self._peers is not None:
-            self._poll_peers(self._peers)
-        self._load_settings()
+        if self._polls.peers is not None:
+            self._poll_peers(self._polls.peers)
+        self._with_store(self._store.load_settings())
         self.set_interval(1.0, self._tick)
         self._show_settings()
 
     async def on_unmount(self) -> None:
-        with contextlib.suppress(ShoalError, OSError):
-            await self._status.close()
-        if self._peers is not None:
-            with contextlib.suppress(ShoalError, OSError):
-                await self._peers.close()
+        await self._polls.close()
 
     @property
     def streaming(self) -> bool:
@@ -204,14 +189,14 @@ class ChatApp(App[None]):
         self.prompt.focus()
 
     def action_conversations(self) -> None:
-        self._list_conversations()
+        self._with_store(self._store.list_conversations())
 
     def action_settings(self) -> None:
         def chosen(settings: GenerationSettings | None) -> None:
             if settings is not None and settings != self.settings:
                 self.settings = settings
                 self._show_settings()
-                self._save_settings(settings)
+                self._with_store(self._store.save_settings(settings))
 
         self.push_screen(SettingsScreen(self.settings), chosen)
 
@@ -253,27 +238,7 @@ class ChatApp(App[None]):
 
     @work(group="answer", exclusive=True, exit_on_error=False)
     async def _stream_answer(self, turn: AnswerTurn) -> None:
-        events = self._chat.answer(turn.messages, turn.settings)
-        try:
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    if event.event == "token":
-                        self.post_message(AnswerToken(turn, event.text, self._clock()))
-                    elif event.event == "progress":
-                        self.post_message(AnswerProgress(turn, event))
-                    elif event.event == "done":
-                        self.post_message(AnswerDone(turn, event))
-                        return
-                    else:
-                        self.post_message(AnswerFailed(turn, f"{event.code}: {event.text}"))
-                        return
-            self.post_message(AnswerFailed(turn, "the answer ended without a done event"))
-        except asyncio.CancelledError:
-            self.post_message(AnswerStopped(turn))
-            raise
-        except Exception as exc:  # the UI's edge: whatever broke shows as a line, never as a traceback
-            log.exception("the answer's stream failed")
-            self.post_message(AnswerFailed(turn, f"the answer's stream failed: {exc}"))
+        await stream_answer(self._chat, turn, self._clock, self.post_message)
 
     async def on_answer_token(self, message: AnswerToken) -> None:
         turn = message.turn
@@ -340,7 +305,7 @@ class ChatApp(App[None]):
             turn.thread.title = title_of(turn.prompt)
             if turn.thread is self.thread:
                 self.sub_title = turn.thread.title
-        self._save_turn(turn.thread, turn.prompt, answer, stats)
+        self._with_store(self._store.save_turn(turn.thread, turn.prompt, answer, stats))
 
     def _show_rate(self, turn: AnswerTurn, now: float) -> None:
         rate = turn.tally.rate(now)
@@ -365,80 +330,18 @@ class ChatApp(App[None]):
     # -- the fleet --------------------------------------------------------------------------------
     @work(group="status", exclusive=True, exit_on_error=False)
     async def _poll_status(self) -> None:
-        while True:
-            try:
-                status = await self._status.get()
-            except ShoalError as exc:
-                self.post_message(StatusPolled(None, str(exc)))
-            except Exception as exc:  # the UI's edge, as for the chat
-                log.exception("the status poll failed")
-                self.post_message(StatusPolled(None, f"the status poll failed: {exc}"))
-            else:
-                self.post_message(StatusPolled(status))
-            await asyncio.sleep(self._poll_seconds)
+        await self._polls.poll_status(self.post_message)
 
     @work(group="peers", exclusive=True, exit_on_error=False)
     async def _poll_peers(self, peers: PeerStatusSource) -> None:
-        """Poll the plan's other agents, each on its own: a slow or frozen one delays only its own figures (a real
-        link gives up after its timeout), never the others' nor the local status."""
-
-        async def one(node: str, address: str) -> dict[str, Any] | None:
-            try:
-                return await peers.get(node, address)
-            except ShoalError as exc:
-                log.info("no status from %s at %s: %s", node, address, exc)
-            except Exception:  # the UI's edge, as for the chat
-                log.exception("the status of %s at %s failed", node, address)
-            return None
-
-        asking: dict[str, asyncio.Task[dict[str, Any] | None]] = {}
-        try:
-            while True:
-                for node, address in self._peer_targets.items():
-                    if node not in asking:
-                        asking[node] = asyncio.create_task(one(node, address))
-                answered = {node: asking.pop(node).result() for node, task in list(asking.items()) if task.done()}
-                if answered:
-                    self.post_message(PeersPolled(answered))
-                await asyncio.sleep(self._poll_seconds)
-        finally:
-            for task in asking.values():
-                task.cancel()
-            await asyncio.gather(*asking.values(), return_exceptions=True)
+        await self._polls.poll_peers(peers, self.post_message)
 
     def on_status_polled(self, message: StatusPolled) -> None:
-        if message.status is None:
-            self._status_docs = (None, None)
-            self._peer_targets = {}
-            self._show_fleet(unreachable(message.error or ""))
-            return
-        self._status_docs = (message.status, self._status_docs[0])
-        self._peer_targets = peer_addresses(message.status)
-        self._show_fleet(self._fleet_report(message.status))
+        self._show_fleet(self._polls.status_polled(message))
 
     def on_peers_polled(self, message: PeersPolled) -> None:
-        docs, before = self._peer_docs
-        for node, doc in message.statuses.items():
-            if doc is None:  # no answer: its figures are unknown until it answers again
-                docs.pop(node, None)
-                before.pop(node, None)
-            else:
-                if node in docs:
-                    before[node] = docs[node]
-                docs[node] = doc
-        if (status := self._status_docs[0]) is not None:
-            self._show_fleet(self._fleet_report(status))
-
-    def _fleet_report(self, status: dict[str, Any]) -> FleetReport:
-        """The report of ``status`` and the peers' last documents, each beside the one before it."""
-        status_before = self._status_docs[1]
-        peers, peers_before = self._peer_docs
-        before = dict(peers_before)
-        members = status.get("members")
-        own = members.get("node") if isinstance(members, dict) else None
-        if isinstance(own, str) and status_before is not None:
-            before[own] = status_before
-        return fleet_report(status, peers, before)
+        if (report := self._polls.peers_polled(message)) is not None:
+            self._show_fleet(report)
 
     def _show_fleet(self, report: FleetReport) -> None:
         before, self.fleet = self.fleet, report
@@ -449,54 +352,14 @@ class ChatApp(App[None]):
 
     # -- the store --------------------------------------------------------------------------------
     @work(group="store", exit_on_error=False)
-    async def _with_store(
-        self,
-        call: Callable[[], Awaitable[T]],
-        reply: Callable[[T], Message | None] = lambda _: None,
-        failed: str = "",
-    ) -> None:
-        """Await ``call`` (a store method) under the store's lock, then post what ``reply`` makes of its result;
-        a failure is posted as :class:`StoreFailed` (``failed`` says what was lost)."""
-        try:
-            async with self._store_lock:  # in order: a conversation's first turn makes the id the next one uses
-                result = await call()
-        except ShoalError as exc:
-            self.post_message(StoreFailed(f"{failed}{exc}"))
-            return
-        if (message := reply(result)) is not None:
-            self.post_message(message)
-
-    def _save_turn(self, thread: Thread, prompt: str, answer: str, stats: dict[str, Any]) -> None:
-        async def add() -> Thread:
-            thread.id = await self._store.add_turn(thread.id, prompt, answer, stats)
-            return thread
-
-        self._with_store(add, ConversationSaved, "the turn was not saved: ")
-
-    def _list_conversations(self) -> None:
-        self._with_store(self._store.conversations, ConversationsListed)
-
-    def _load_conversation(self, conversation: int) -> None:
-        self._with_store(lambda: self._store.load(conversation), ConversationLoaded)
-
-    def _delete_conversation(self, conversation: int) -> None:
-        self._with_store(lambda: self._store.delete(conversation), failed="the conversation was not deleted: ")
-
-    def _load_settings(self) -> None:
-        def loaded(saved: Any) -> Message | None:
-            return None if saved is None else SettingsLoaded(GenerationSettings.from_json(saved))
-
-        self._with_store(lambda: self._store.setting(SETTINGS_KEY), loaded)
-
-    def _save_settings(self, settings: GenerationSettings) -> None:
-        self._with_store(
-            lambda: self._store.put_setting(SETTINGS_KEY, settings.to_json()), failed="the settings were not saved: "
-        )
+    async def _with_store(self, job: Awaitable[None]) -> None:
+        """Run one of :class:`StoreJobs`' jobs (they post what they learn)."""
+        await job
 
     def on_conversations_listed(self, message: ConversationsListed) -> None:
         def chosen(conversation: int | None) -> None:
             if conversation is not None:
-                self._load_conversation(conversation)
+                self._with_store(self._store.load_conversation(conversation))
 
         self.push_screen(HistoryScreen(message.conversations, self._clock()), chosen)
 
@@ -509,7 +372,7 @@ class ChatApp(App[None]):
         self.prompt.focus()
 
     async def on_history_screen_delete(self, message: HistoryScreen.Delete) -> None:
-        self._delete_conversation(message.conversation)
+        self._with_store(self._store.delete_conversation(message.conversation))
         if self.thread.id == message.conversation:
             await self.action_new_conversation()
 

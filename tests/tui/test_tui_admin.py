@@ -23,8 +23,10 @@ from discovery.admin import current_fleet_document
 from discovery.fleet_document import Pin
 from tests.tui.fakes import FakeAdmin, FakeChat, FakeStatus, FixedClock, fleet_status, run, until
 from tui.admin import PinEntry
-from tui.admin_screen import AdminScreen, ConfirmDialog, PinDialog
+from tui.admin_screen import AdminScreen
 from tui.app import ChatApp
+from tui.confirm_dialog import ConfirmDialog
+from tui.pin_dialog import PinDialog
 from tui.store import ConversationStore
 
 pytestmark = pytest.mark.tui
