@@ -17,6 +17,9 @@ It turns what happens on the network into ``discovery.membership`` events and ap
   without checking the dates (role ``clock``), the two tell each other the time and close, and both record
   whose clock is wrong by how much (``discovery.clocks``): the peer stays unverified with that sentence as its
   ``why``, which the log (once, then at debug), ``shoal status``, the TUI and the plan's reasons show.
+
+Its parts by role: ``discovery.links`` (the control links it holds), ``discovery.handshake`` (what a link's
+handshake decides), ``discovery.clock_probe`` (what the clock probes learnt), ``discovery.mdns`` (python-zeroconf).
 """
 
 from __future__ import annotations
@@ -32,20 +35,20 @@ from typing import Any, cast
 from cryptography import x509
 
 from agent.errors import CertificateDatesError, FleetError, PeerUnavailableError, RemoteProtocolError
-from agent.fleet.authority import cert_fingerprint, common_name, node_id_of
 from agent.fleet.revocation import RevocationList
 from agent.fleet.signed import Kept
-from agent.transport.connection import FrameConnection, expect
+from agent.transport.connection import FrameConnection, expect, send_quietly
 from agent.transport.heartbeat import Heartbeat as LinkHeartbeat
 from agent.transport.heartbeat import Liveness, pong
 from agent.transport.network import Network
 from agent.transport.tasks import OwnedTasks
-from agent.wire import Frame, FrameType
+from agent.wire import FrameType
 from agent.wire.messages import Hello as WireHello
-from discovery import control
+from discovery import control, handshake
 from discovery.announcement import Announcement
-from discovery.clocks import Validity, clock_problem
+from discovery.clock_probe import ClockProbes
 from discovery.kept import FleetDocumentKeeper, RevocationKeeper
+from discovery.links import Link, Links
 from discovery.membership import (
     LOST_AFTER,
     Duplicate,
@@ -58,7 +61,6 @@ from discovery.membership import (
     MemberState,
     Revoked,
     Seen,
-    Seniority,
     Source,
     Tick,
     Unlinkable,
@@ -89,36 +91,6 @@ class MembershipSettings:
     lost_after: float = LOST_AFTER
     liveness: Liveness = field(default_factory=Liveness)
     """Heartbeats on each control link; a link silent for its timeout is dropped and redialled."""
-
-
-@dataclass
-class _Link:
-    node: str
-    instance: str
-    """The peer's process (its announcement's ``instance``): what it says on this link is about that process."""
-    host: str
-    connection: FrameConnection
-    outbound: bool
-    via: Source
-    skew: float = 0.0
-    """Peer's wall clock minus ours at the handshake (seconds)."""
-    dialled: tuple[str, int] | None = None
-    """The address this agent dialled (outbound links): where to wait before dialling again if refused."""
-    accepted: bool = False
-    """Whether the peer accepted this agent on it (it sent anything but a refusal)."""
-
-
-@dataclass(frozen=True)
-class _Clock:
-    """What the clock probe learnt of a peer: its wall clock minus ours (seconds), and why the two cannot link
-    (None: they can)."""
-
-    skew: float
-    problem: str | None
-
-
-_SAME_IDENTITY = "same identity"
-"""What :meth:`MembershipService._refusal` says of another process with this agent's own node id."""
 
 
 class _Refusal(Exception):
@@ -172,8 +144,7 @@ class MembershipService:
         self._find_addresses = find_addresses
         self._mdns: Any = None
         self._tasks = OwnedTasks()
-        self._out: dict[str, _Link] = {}
-        self._in: dict[str, list[_Link]] = {}
+        self._links = Links()
         self._dialling: set[tuple[str, int]] = set()
         self._retry: dict[tuple[str, int], tuple[float, float]] = {}
         """Address -> (earliest next dial, current back-off)."""
@@ -197,11 +168,7 @@ class MembershipService:
         self.on_plan: Callable[[str, dict[str, Any]], None] | None = None
         """Told ``(sender node, plan message)`` for every plan a linked member sends (``discovery.plan_service``)."""
         self._measure_speed = measure_speed
-        self._certificates = certificates
-        self._clocks: dict[str, _Clock] = {}
-        """What the clock probe learnt of each peer not linked since (the links' own skews are on the links)."""
-        self._clock_told: set[str] = set()
-        """Peers whose clock problem was logged at warning (later ones go to debug)."""
+        self._probes = ClockProbes(certificates)
 
     @property
     def me(self) -> Announcement:
@@ -246,13 +213,13 @@ class MembershipService:
         that yields its identity to an older process says no ``leave``: that would speak for the other one."""
         self._stopping = True
         speak = not self.state.yields_to_duplicate
-        await asyncio.gather(*(self._say_leave(link, speak) for link in self._links()))
+        await asyncio.gather(*(self._say_leave(link, speak) for link in self._links))
         await self._tasks.cancel_all()
         if self._mdns is not None:
             await self._mdns.stop()
             self._mdns = None
 
-    async def _say_leave(self, link: _Link, speak: bool) -> None:
+    async def _say_leave(self, link: Link, speak: bool) -> None:
         if speak:
             with contextlib.suppress(PeerUnavailableError):
                 await link.connection.send(control.to_frame(control.Leave()))
@@ -262,8 +229,8 @@ class MembershipService:
         """Change what this agent announces (stage states, donor state): every link and mDNS hear it."""
         self.state = replace(self.state, me=self.me.changed(**changes))
         frame = control.to_frame(control.Update(self.me))
-        for link in self._links():
-            await self._send_quietly(link.connection, frame)
+        for link in self._links:
+            await send_quietly(link.connection, frame)
         if self._mdns is not None:
             await self._mdns.update(self.me)
 
@@ -277,7 +244,7 @@ class MembershipService:
         self._feed(Revoked(nodes, self._clock()))
         if self._on_revoked is not None:
             self._on_revoked(frozenset(r.fingerprint for r in revocations.revoked))
-        for link in self._links():
+        for link in self._links:
             if link.node in nodes:
                 link.connection.abort()
 
@@ -316,16 +283,12 @@ class MembershipService:
             self._revoked(offered)
         else:
             log.info("node=%s fleet document version %d from %s: %s", self.me.node, offered.version, where, offered)
-        frame = control.to_frame(message)
-        for link in self._links():
-            self._tasks.spawn(self._send_quietly(link.connection, frame))
+        self._links.send_all(control.to_frame(message), self._tasks)
         return f"version {offered.version} taken"
 
     def broadcast(self, message: control.ControlMessage) -> None:
         """Send ``message`` on every link (in the background: a slow peer holds up nobody)."""
-        frame = control.to_frame(message)
-        for link in self._links():
-            self._tasks.spawn(self._send_quietly(link.connection, frame))
+        self._links.send_all(control.to_frame(message), self._tasks)
 
     def address_of(self, node: str) -> tuple[str, int] | None:
         """Where a member (or this agent: its own listening address) can be reached, as this agent knows it."""
@@ -399,11 +362,11 @@ class MembershipService:
         targets: dict[tuple[str, int], Source] = {}
         for seed in self.settings.seeds:
             node = self._seed_nodes.get(seed)
-            if seed not in self._own_addresses and (node is None or node not in self._out):
+            if seed not in self._own_addresses and (node is None or node not in self._links.dialled):
                 targets[seed] = Source.SEED
         targets.update(self._claims)
         for member in self.state.in_state(MemberState.UNVERIFIED, MemberState.MEMBER, MemberState.LOST):
-            if member.node not in self._out:
+            if member.node not in self._links.dialled:
                 targets.setdefault(member.address, next(iter(sorted(member.found))))
         return targets
 
@@ -450,7 +413,7 @@ class MembershipService:
             log.debug("node=%s cannot reach member %s:%d: %s", self.me.node, *address, exc)
             if connection is not None:
                 connection.abort()
-            if isinstance(exc, CertificateDatesError) and self._certificates is not None:
+            if isinstance(exc, CertificateDatesError) and self._probes.certificates is not None:
                 self._tasks.spawn(self._probe_clock(address, via))
             return
         self._dialling.discard(address)
@@ -461,13 +424,13 @@ class MembershipService:
             return
         if via is Source.SEED:
             self._seed_nodes[address] = link.node
-        if link.node in self._out:  # reached at a second address: one link is enough
+        if link.node in self._links.dialled:  # reached at a second address: one link is enough
             await connection.close(goodbye=True)
             return
-        self._out[link.node] = link
-        self._clocks.pop(link.node, None)
+        self._links.add(link)
+        self._probes.readings.pop(link.node, None)
         self._feed(Verified(self._announced[link.node], link.host, via, self._clock()))
-        await self._send_quietly(link.connection, control.to_frame(self._gossip()))
+        await send_quietly(link.connection, control.to_frame(self._gossip()))
         self._tasks.spawn(self._run_link(link))
 
     # -- both directions -----------------------------------------------------------------------
@@ -489,10 +452,10 @@ class MembershipService:
             log.warning("node=%s control link from %s failed: %s", self.me.node, connection.peer, exc)
             connection.abort()
             return
-        self._in.setdefault(link.node, []).append(link)
-        self._clocks.pop(link.node, None)
+        self._links.add(link)
+        self._probes.readings.pop(link.node, None)
         self._feed(Verified(self._announced[link.node], link.host, Source.INBOUND, self._clock()))
-        await self._send_quietly(link.connection, control.to_frame(self._gossip()))
+        await send_quietly(link.connection, control.to_frame(self._gossip()))
         await self._run_link(link)
 
     # -- clocks --------------------------------------------------------------------------------
@@ -537,26 +500,14 @@ class MembershipService:
         message = control.from_frame(await expect(connection, FrameType.MEMBERS, HANDSHAKE_TIMEOUT))
         if not isinstance(message, control.Hello):
             raise RemoteProtocolError(f"{connection.label} sent {type(message).__name__} for its clock")
-        peer, der = message.announcement, connection.peer_certificate
-        if der is None or self._certificates is None:
-            return False
-        cert = x509.load_der_x509_certificate(der)
-        if peer.node != node_id_of(cert) or peer.fingerprint != cert_fingerprint(cert):
-            raise RemoteProtocolError(f"announces node {peer.node}, but its certificate is node {node_id_of(cert)}")
-        if peer.node == self.me.node or peer.node in self.state.revoked:
-            return False
-        mine, ca = self._certificates
-        now = self._wall()
-        problem = clock_problem(
-            self.me.name, peer.name, now, message.time, Validity.of(mine, ca), Validity.of(cert, ca)
+        peer = message.announcement
+        problem = self._probes.judge(
+            self.me, peer, connection.peer_certificate, message.time, self._wall(), self.state.revoked
         )
-        self._clocks[peer.node] = _Clock(message.time - now, problem)
         if problem is None:
             return False
-        told = peer.node in self._clock_told
-        self._clock_told.add(peer.node)
         log.log(
-            logging.DEBUG if told else logging.WARNING,
+            logging.WARNING if self._probes.first_told(peer.node) else logging.DEBUG,
             "node=%s cannot link with %s (%s): %s",
             self.me.node,
             peer.node,
@@ -600,20 +551,20 @@ class MembershipService:
         via: Source,
         sent: control.Hello,
         dialled: tuple[str, int] | None = None,
-    ) -> _Link:
+    ) -> Link:
         """Read the peer's control hello (``sent``: this agent's on the link) and check it against its certificate;
         :class:`_Refusal` if refused. ``dialled``: the address this agent dialled (an outbound link)."""
         message = control.from_frame(await expect(connection, FrameType.MEMBERS, HANDSHAKE_TIMEOUT))
         if not isinstance(message, control.Hello):
             raise RemoteProtocolError(f"{connection.label} sent {type(message).__name__} before its hello")
         peer = message.announcement
-        refusal = self._refusal(connection, peer)
+        refusal = handshake.refusal(connection.peer_certificate, peer, self.me, self.state.revoked, self._announced)
         duplicate = None
-        if refusal == _SAME_IDENTITY:
+        if refusal == handshake.SAME_IDENTITY:
             # the two hellos of this link decide, alike at both ends, which process keeps the identity
-            duplicate = Duplicate(peer, _seniority(sent), _seniority(message), self._clock())
+            duplicate = Duplicate(peer, handshake.seniority(sent), handshake.seniority(message), self._clock())
             self._duplicates[peer.instance] = f"{host}:{peer.port}"
-            refusal = _duplicate_refusal(peer, outranks(duplicate.mine, duplicate.theirs))
+            refusal = handshake.duplicate_refusal(peer, outranks(duplicate.mine, duplicate.theirs))
         if refusal is None:
             self._announced[peer.node] = peer  # before any await: a second process of this node is refused now
             if (
@@ -621,56 +572,32 @@ class MembershipService:
                 and self.revocations.document
                 and message.revocations < self.revocations.version
             ):
-                await self._send_quietly(connection, control.to_frame(control.Revocations(self.revocations.document)))
+                await send_quietly(connection, control.to_frame(control.Revocations(self.revocations.document)))
             if self.fleet is not None and self.fleet.document and message.fleet < self.fleet.version:
-                await self._send_quietly(connection, control.to_frame(control.FleetDocumentOffer(self.fleet.document)))
+                await send_quietly(connection, control.to_frame(control.FleetDocumentOffer(self.fleet.document)))
             outbound = dialled is not None
             skew = message.time - self._wall()
-            return _Link(peer.node, peer.instance, host, connection, outbound, via, skew, dialled)
-        itself = refusal == "self"
+            return Link(peer.node, peer.instance, host, connection, outbound, via, skew, dialled)
+        itself = refusal == handshake.ITSELF
         if not itself:
             self.refused += 1
             log.warning("node=%s refused member link with %s: %s", self.me.node, connection.label, refusal)
             reply = control.Refused(refusal, self._holder_other_than(peer))
-            await self._send_quietly(connection, control.to_frame(reply))
+            await send_quietly(connection, control.to_frame(reply))
         await connection.close(goodbye=True)
         if duplicate is not None:
             self._feed(duplicate)
         raise _Refusal(refusal, itself)
-
-    def _refusal(self, connection: FrameConnection, peer: Announcement) -> str | None:
-        der = connection.peer_certificate
-        if der is None:
-            return "no fleet certificate on the link"
-        cert = x509.load_der_x509_certificate(der)
-        node, fingerprint = node_id_of(cert), cert_fingerprint(cert)
-        if peer.node != node or peer.fingerprint != fingerprint:
-            return f"announces node {peer.node}, but its certificate ({common_name(cert)}) is node {node}"
-        if peer.node == self.me.node:
-            if peer.instance == self.me.instance:
-                return "self"
-            return _SAME_IDENTITY  # which of the two stops: the caller decides from the link's two hellos
-        if peer.node in self.state.revoked:
-            return f"node {peer.node} ({peer.name}) is revoked"
-        held = self._announced.get(peer.node)
-        if held is not None and held.instance != peer.instance:
-            # the process linked first stays the member; had this one's link been taken, its goodbye on the
-            # way out (a copy that loses stops) would have marked the node gone while the first one serves
-            return (
-                f"node {peer.node} ({peer.name}) is already linked here from another process: two agents run "
-                "with one identity folder (a copy), or this is a restart before the old link timed out"
-            )
-        return None
 
     def _holder_other_than(self, peer: Announcement) -> control.GossipEntry | None:
         """Where the process of ``peer``'s node id that this agent holds a link to is, if it is not ``peer``'s."""
         held = self._announced.get(peer.node)
         if held is None or held.instance == peer.instance:
             return None
-        host = next((link.host for link in self._links() if link.node == peer.node), None)
+        host = next((link.host for link in self._links if link.node == peer.node), None)
         return None if host is None else control.GossipEntry(host, held)
 
-    async def _run_link(self, link: _Link) -> None:
+    async def _run_link(self, link: Link) -> None:
         """Read one link until it ends; heartbeats from the dialling side."""
         connection = link.connection
         beat = LinkHeartbeat(connection, self.settings.liveness, self.me.node) if link.outbound else None
@@ -703,36 +630,24 @@ class MembershipService:
         finally:
             if pinger is not None:
                 pinger.cancel()
-            self._forget(link)
-            if not self._linked(link.node):
+            self._links.forget(link)
+            if not self._links.linked(link.node):
                 self._announced.pop(link.node, None)  # another process of the node may link now
             if not connection.closed:
                 await connection.close(goodbye=False)
         # the last link to a peer broke without a goodbye: a crash or a cut (its other link, if any, decides)
-        if reason and not self._stopping and not self._linked(link.node):
+        if reason and not self._stopping and not self._links.linked(link.node):
             why = f"link broke without a goodbye: {reason}"
             self._feed(LinkBroken(link.node, self._clock(), why, link.instance))
             self._wake.set()
 
-    def _accepted(self, link: _Link) -> None:
+    def _accepted(self, link: Link) -> None:
         """The peer of ``link`` accepted this agent: from the first such link on, this agent is a member."""
         link.accepted = True
         if self._member_since is None:
             self._member_since = self._clock()
 
-    def _linked(self, node: str) -> bool:
-        return node in self._out or bool(self._in.get(node))
-
-    def _forget(self, link: _Link) -> None:
-        if link.outbound:
-            if self._out.get(link.node) is link:
-                del self._out[link.node]
-        else:
-            group = self._in.get(link.node, [])
-            if link in group:
-                group.remove(link)
-
-    async def _on_message(self, link: _Link, message: control.ControlMessage) -> None:
+    async def _on_message(self, link: Link, message: control.ControlMessage) -> None:
         now = self._clock()
         match message:
             case control.Update(announcement=peer):
@@ -785,25 +700,15 @@ class MembershipService:
         if member is None:
             return
         frame = control.to_frame(control.Gossip((control.GossipEntry(member.host, member.announcement),)))
-        for link in self._links():
-            if link.node != node:
-                self._tasks.spawn(self._send_quietly(link.connection, frame))
-
-    def _links(self) -> list[_Link]:
-        return list(self._out.values()) + [link for group in self._in.values() for link in group]
-
-    @staticmethod
-    async def _send_quietly(connection: FrameConnection, frame: Frame) -> None:
-        with contextlib.suppress(PeerUnavailableError):  # the link's reader notices and reports it
-            await connection.send(frame)
+        self._links.send_all(frame, self._tasks, but=node)
 
     # -- status --------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """The ``members`` section of the agent's status."""
         now = self._clock()
-        skews = {node: clock.skew for node, clock in self._clocks.items()}
-        skews.update({link.node: link.skew for link in self._links()})
-        problems = {node: clock.problem for node, clock in self._clocks.items() if clock.problem}
+        skews = {node: reading.skew for node, reading in self._probes.readings.items()}
+        skews.update({link.node: link.skew for link in self._links})
+        problems = {node: reading.problem for node, reading in self._probes.readings.items() if reading.problem}
         return {
             "node": self.me.node,
             "name": self.me.name,
@@ -816,19 +721,6 @@ class MembershipService:
                 _member_status(m, now, skews.get(m.node), problems.get(m.node)) for m in self.state.members.values()
             ],
         }
-
-
-def _seniority(hello: control.Hello) -> Seniority:
-    return Seniority(hello.announcement.instance, hello.member_for, hello.up_for)
-
-
-def _duplicate_refusal(peer: Announcement, keep: bool) -> str:
-    """What this agent tells another process with its own identity (``keep``: this agent keeps it)."""
-    verdict = "this agent keeps it, yours stops" if keep else "yours keeps it, this agent stops"
-    return (
-        f"node {peer.node} is this agent's own identity: two agents run with one identity folder (a copy); the one "
-        f"a member accepted first keeps it ({verdict}); enroll the PC that stops with `shoal join`"
-    )
 
 
 def _member_status(member: Member, now: float, skew: float | None, clock: str | None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from agent.runtime.pipeline import run_stages
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.readout import read_out
-from agent.transport.connection import FrameConnection, expect
+from agent.transport.connection import FrameConnection, expect, send_quietly
 from agent.transport.heartbeat import pong
 from agent.transport.network import HANDSHAKE_TIMEOUT, Listener, Network
 from agent.transport.tasks import OwnedTasks
@@ -152,7 +152,7 @@ class StageServer:
         for session in list(self.table.sessions):
             state = self.table.pop(session)
             if state is not None and state.upstream is not None:
-                await _send_quietly(state.upstream, ErrorReport("peer_lost", reason, self.node).to_frame(session))
+                await send_quietly(state.upstream, ErrorReport("peer_lost", reason, self.node).to_frame(session))
         self._take(manifest, stages, indices, next_address)
         if old is not None:
             await old.close()
@@ -323,7 +323,7 @@ class StageServer:
             )
             # refuse without touching the session of the same id downstream: it was never opened
             if upstream is not None:
-                await _send_quietly(
+                await send_quietly(
                     upstream,
                     ErrorReport(
                         "busy",
@@ -380,7 +380,7 @@ class StageServer:
         state.next_step += 1
         if self.is_last:
             head = self._head_of(state.open)
-            await _send_quietly(head, output)
+            await send_quietly(head, output)
         else:
             await self._forward(output)
 
@@ -479,7 +479,7 @@ class StageServer:
 
         async def notify() -> None:
             if state.upstream is not None:
-                await _send_quietly(state.upstream, report.to_frame(state.id))
+                await send_quietly(state.upstream, report.to_frame(state.id))
             await self._forward_quietly(Frame(FrameType.CLOSE, session=state.id))
 
         self._spawn(notify())
@@ -506,7 +506,7 @@ class StageServer:
         state = self.table.pop(session)
         target = state.upstream if state is not None else upstream
         if target is not None:
-            await _send_quietly(target, report.to_frame(session))
+            await send_quietly(target, report.to_frame(session))
         if self.successor is not None:
             await self._forward_quietly(Frame(FrameType.CLOSE, session=session))
 
@@ -530,7 +530,7 @@ class StageServer:
             return
         state = self.table.pop(frame.session)
         if state is not None and state.upstream is not None:
-            await _send_quietly(state.upstream, frame)
+            await send_quietly(state.upstream, frame)
 
     async def _successor_lost(self, reason: str) -> None:
         """Every session that crossed the link is gone downstream: fail them all."""
@@ -538,7 +538,7 @@ class StageServer:
             state = self.table.pop(session)
             if state is not None and state.upstream is not None:
                 report = ErrorReport("peer_lost", f"{self.node} lost the next stage: {reason}", self.node)
-                await _send_quietly(state.upstream, report.to_frame(session))
+                await send_quietly(state.upstream, report.to_frame(session))
 
     def count_local_step(self, seconds: float) -> None:
         """Count a step of this agent's own chats that its stages computed in-process (on the event loop)."""
@@ -595,12 +595,6 @@ class _SessionFailure(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.report = ErrorReport(code, message)
-
-
-async def _send_quietly(connection: FrameConnection, frame: Frame) -> None:
-    """Send where a dead peer is no news (it is being cleaned up elsewhere)."""
-    with contextlib.suppress(PeerUnavailableError):
-        await connection.send(frame)
 
 
 def _json(data: dict[str, Any]) -> bytes:

@@ -153,6 +153,13 @@ async def dial(
     return FrameConnection(reader, writer, max_payload=max_payload, label=where)
 
 
+async def send_quietly(connection: FrameConnection, frame: Frame) -> None:
+    """Send where a dead peer is no news: its connection's reader notices and reports it (or it is being cleaned
+    up elsewhere)."""
+    with contextlib.suppress(PeerUnavailableError):
+        await connection.send(frame)
+
+
 async def expect(connection: FrameConnection, kind: FrameType, timeout: float) -> Frame:
     """The next frame, which must be of ``kind`` (used for the HELLO exchange)."""
     try:

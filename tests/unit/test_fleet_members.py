@@ -231,7 +231,7 @@ def test_a_member_whose_link_is_cut_without_a_goodbye_is_lost_and_then_a_member_
     async def main() -> None:
         async with agent(identities["alpha"]) as a, agent(identities["beta"], a) as b:
             await until(lambda: states(a) == {"beta": "member"} and states(b) == {"alpha": "member"})
-            for link in members(a)._links():  # as a cut cable does: no goodbye, no leave
+            for link in members(a)._links:  # as a cut cable does: no goodbye, no leave
                 link.connection.abort()
             await until(lambda: any("member -> lost: link broke" in r.getMessage() for r in caplog.records))
             await until(lambda: states(a) == {"beta": "member"} and states(b) == {"alpha": "member"})
