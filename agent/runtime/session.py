@@ -19,6 +19,7 @@ import openvino as ov
 
 from agent.errors import RuntimeStageError
 from agent.runtime.paged_prefill import PagedStep
+from agent.runtime.repeatable import ALIKE_MIN_PROMPT
 from shards.manifest import LOGITS_INDEX
 
 PAGED_MIN_POSITIONS = 128
@@ -129,7 +130,10 @@ class StageSession:
     def _paged_for(self, n: int, last_only: bool) -> PagedStep | None:
         """The paged compilation a step of ``n`` positions runs on, made on the first long step (or prompt, with
         ``paged_prompts``); None: this one."""
-        if (n < self._paged_min and not (last_only and self._paged_prompts)) or self._make_paged is None:
+        # a one-position step stays here even as a prompt: a decode step without drafts is one too, and decoding
+        # must run on one compilation whatever K, or speculation is not exact
+        prompt = last_only and self._paged_prompts and n >= ALIKE_MIN_PROMPT
+        if (n < self._paged_min and not prompt) or self._make_paged is None:
             return None
         if self._paged is None:
             self._paged = self._make_paged()

@@ -71,11 +71,13 @@ def test_an_agent_serves_while_its_x_display_is_idle_and_steps_aside_at_a_key_pr
     finally:
         agent.stop()
     states = [donor.get("state") for _, donor in seen]
-    assert states[0] == "away" and "serving" in states  # the owner had just pressed a key, then left
-    assert states.index("serving") > 0 and states[-1] == "away"
+    assert "serving" in states and states[-1] == "away"
     assert all(donor.get("idle_source") == "x11" for _, donor in seen)
-    serving_from = next(t for t, donor in seen if donor.get("state") == "serving")
-    assert serving_from - seen[0][0] >= IDLE_SECONDS - 1.5
+    # it served only once the display had been idle for the idle time (on a loaded machine the agent may start
+    # after that, and serve from its first reading)
+    serving_from, serving = next((t, donor) for t, donor in seen if donor.get("state") == "serving")
+    assert serving["idle_seconds"] >= IDLE_SECONDS
+    assert all((donor.get("idle_seconds") or 0) < IDLE_SECONDS for _, donor in seen[: states.index("serving")])
     last = seen[-1][1]
     assert "keyboard or mouse" in last["reason"] and last["idle_seconds"] < IDLE_SECONDS
     stepped_aside = [t for t, donor in seen if donor.get("state") in ("draining", "away")]

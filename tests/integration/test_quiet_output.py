@@ -67,7 +67,8 @@ def test_the_demo_prints_only_its_answer_and_the_plan_on_stdout(cache_dir: Path,
     plan_at = next(i for i, line in enumerate(lines) if line.startswith("plan "))
     answer, plan = lines[:plan_at], lines[plan_at:]
     assert re.fullmatch(r"plan [0-9a-f]{12} epoch \d+ for document \d+ \(planned by demo-pc\d\): ready", plan[0])
-    assert [line.split(":")[0] for line in plan[1:]] == ["  stage 0", "  stage 1"], plan
+    assert plan[1].startswith("  model ") and "context" in plan[1], plan  # the model and its context, then stages
+    assert [line.split(":")[0] for line in plan[2:]] == ["  stage 0", "  stage 1"], plan
     assert "".join(answer).strip(), done.stdout
     for noise in ("nncf", "INFO", "WARNING", "━", "Weight Compression", "%|", "tok/s"):
         assert noise not in done.stdout, noise
