@@ -39,6 +39,7 @@ from discovery.fleet_document import ModelSource, serving
 from discovery.plan_service import FleetPlanService
 from shards.manifest import Manifest
 from tests.integration.local_decode import greedy_tokens
+from tests.support.until import until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,15 +62,6 @@ class PC:
     def read(self) -> Readings:
         now = time.monotonic()
         return Readings(now, now - self.last_input, None, 0.0, 16000, None)
-
-
-async def until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 def part(daemon: Daemon, kind: type[Any]) -> Any:

@@ -10,7 +10,6 @@ fix the fetch loop died of huggingface_hub's RuntimeError and the agent showed "
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from shards.hub.publish import publish_to_mirror
 from shards.manifest import Manifest
 from tests.support.flaky_proxy import FlakyProxy
 from tests.support.olah_mirror import OlahMirror
+from tests.support.until import until
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -40,15 +40,6 @@ REPO_ID = "shoal-test/outage"
 def mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OlahMirror]:
     with OlahMirror(tmp_path_factory.mktemp("olah")) as server:
         yield server
-
-
-async def until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 def test_an_agent_fetches_its_stage_once_the_mirror_is_back_without_a_restart(

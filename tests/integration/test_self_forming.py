@@ -11,7 +11,6 @@ The lab (``tests/lab/test_plan_lab.py``) adds mDNS, a Hub mirror and ``kill -9``
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -36,6 +35,7 @@ from discovery.placement import Plan
 from discovery.plan_service import FleetPlanService
 from shards.manifest import Manifest
 from tests.integration.local_decode import greedy_tokens
+from tests.support.until import until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -88,15 +88,6 @@ async def agent(identity: NodeIdentity, cache_dir: Path, seed: Daemon | None, **
 
 def plan_of(daemon: Daemon) -> FleetPlanService:
     return next(p for p in daemon.parts if isinstance(p, FleetPlanService))
-
-
-async def until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 def agreed(daemons: list[Daemon]) -> str | None:
