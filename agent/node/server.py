@@ -291,22 +291,26 @@ class StageServer:
     # -- the worker: one frame at a time, in arrival order ------------------------------------
     async def _work(self) -> None:
         while True:
-            work = await self._queue.get()
-            frame = work.frame
-            try:
-                if frame.type is FrameType.OPEN:
-                    await self._open(frame, work.upstream)
-                elif frame.type is FrameType.STEP:
-                    await self._step(frame, work.upstream)
-                elif frame.type is FrameType.PARK:
-                    await self._park(frame)
-                else:
-                    await self._close(frame.session, forward=True)
-            except _SessionFailure as failure:
-                await self._fail(frame.session, work.upstream, failure.report)
-            except Exception:  # a bug must not take the agent down for everyone else
-                log.exception("node=%s session=%016x: unexpected failure", self.node, frame.session)
-                await self._fail(frame.session, work.upstream, ErrorReport("stage_failed", "internal error", self.node))
+            # a call per frame, so that nothing of a frame outlives its handling here: a loop variable would keep
+            # the last frame's upstream connection, dropped meanwhile, alive with its TLS buffer until the next frame
+            await self._handle(await self._queue.get())
+
+    async def _handle(self, work: _Work) -> None:
+        frame = work.frame
+        try:
+            if frame.type is FrameType.OPEN:
+                await self._open(frame, work.upstream)
+            elif frame.type is FrameType.STEP:
+                await self._step(frame, work.upstream)
+            elif frame.type is FrameType.PARK:
+                await self._park(frame)
+            else:
+                await self._close(frame.session, forward=True)
+        except _SessionFailure as failure:
+            await self._fail(frame.session, work.upstream, failure.report)
+        except Exception:  # a bug must not take the agent down for everyone else
+            log.exception("node=%s session=%016x: unexpected failure", self.node, frame.session)
+            await self._fail(frame.session, work.upstream, ErrorReport("stage_failed", "internal error", self.node))
 
     async def _open(self, frame: Frame, upstream: FrameConnection | None) -> None:
         try:
