@@ -285,7 +285,10 @@ def _announced(event: Seen | Verified, state: Membership) -> Membership:
             return state  # a process that said goodbye is done (a link it opened while stopping proves nothing)
         held = member.announcement
         if not verified and peer.instance == held.instance and peer.sequence < held.sequence:
-            return state  # an older announcement than the one held
+            # an older announcement than the one held (mDNS lags the control link): only how it was found is news
+            if event.via in member.found:
+                return state
+            return _put(state, replace(member, found=member.found | {event.via}))
         if not verified and peer.instance != held.instance and member.state is MemberState.MEMBER:
             return state  # a claim about another process than the one linked (a copy's) changes nothing
         if member.state is MemberState.GONE and peer.instance != held.instance and not verified:

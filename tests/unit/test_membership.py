@@ -252,6 +252,15 @@ def test_a_newer_announcement_replaces_an_older_one_but_not_the_reverse() -> Non
     assert state.members[newer.node].announcement.donor == "away"
 
 
+def test_an_older_mdns_record_of_a_linked_member_still_says_it_was_found_over_mdns() -> None:
+    # mDNS lags the control link: the member's announcement is the link's newer one, but mDNS found it too
+    newer = announce(1).changed(donor="away")
+    state = run(Verified(newer, "h", Source.INBOUND, 0.0), Seen(announce(1), "h", Source.MDNS, 1.0))
+    member = state.members[newer.node]
+    assert member.announcement == newer and member.found == {Source.INBOUND, Source.MDNS}
+    assert run(Verified(newer, "h", Source.INBOUND, 0.0), Seen(announce(1), "h", Source.MDNS, 1.0)) == state
+
+
 def test_changes_name_every_move_once() -> None:
     node = announce(1).node
     a = run(Seen(announce(1), "h", Source.MDNS, 0.0))
