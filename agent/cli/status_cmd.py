@@ -59,6 +59,7 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
         f"serves stage {', '.join(map(str, stages))} (layers {status['layers'][0]}-{status['layers'][1] - 1}) "
         f"on {status.get('device')}, next stage {status.get('next_stage') or 'none: the last'}"
         f"{_EXACTNESS.get(status.get('exact_speculation'), '')}"
+        f"{', decodes in ' + '/'.join(status['precision']) if status.get('precision') else ''}"
         if stages
         else "serves no stage"
     )

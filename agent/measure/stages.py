@@ -41,6 +41,8 @@ class StageTiming:
     ms_min: float
     planned_share: float
     """The planner's estimate of this stage's share of one token's total cost (0-1)."""
+    precision: str = ""
+    """What the stage decoded in, and how that was chosen (``PrecisionChoice.describe``)."""
 
     def measured_share(self, total_ms: float) -> float:
         return self.ms_median / total_ms if total_ms else 0.0
@@ -138,8 +140,9 @@ def time_stages(export: Path, threads: int, prompt_tokens: int, tokens: int, cac
             ms_median=1e3 * statistics.median(s),
             ms_min=1e3 * min(s),
             planned_share=cost / sum(planned),
+            precision=stage.precision_choice.describe(),
         )
-        for e, s, cost in zip(manifest.stages, seconds, planned, strict=True)
+        for e, s, cost, stage in zip(manifest.stages, seconds, planned, stages, strict=True)
     ]
 
 
@@ -288,14 +291,14 @@ def render_table(export: str, timings: list[StageTiming], together: list[Togethe
     lines = [
         f"{export}: {total:.2f} ms per token through all stages (sum of medians)",
         "",
-        "| stage | layers | ends | ms/token median (min) | measured share | planned share |"
+        "| stage | layers | ends | precision | ms/token median (min) | measured share | planned share |"
         + (" own process: alone → all at once, ms/token |" if together else ""),
-        "|---|---:|---|---:|---:|---:|" + ("---:|" if together else ""),
+        "|---|---:|---|---|---:|---:|---:|" + ("---:|" if together else ""),
     ]
     for i, t in enumerate(timings):
         ends = "+".join(name for name, held in (("embeddings", t.embeddings), ("LM head", t.head)) if held) or "-"
         lines.append(
-            f"| {t.name} | {t.layers} | {ends} | {t.ms_median:.2f} ({t.ms_min:.2f}) | "
+            f"| {t.name} | {t.layers} | {ends} | {t.precision or '-'} | {t.ms_median:.2f} ({t.ms_min:.2f}) | "
             f"{100 * t.measured_share(total):.1f} % | {100 * t.planned_share:.1f} % |"
             + (
                 f" {together[i].alone_ms:.2f} → {together[i].together_ms:.2f} "

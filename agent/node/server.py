@@ -575,6 +575,8 @@ class StageServer:
             "rewind": ("compact" if self.stages[0].compact_rewind else "mask") if self.serves else None,
             # whether speculative greedy decoding here equals plain decoding (null: not measured on this device)
             "exact_speculation": self.exact if self.serves else None,
+            # what each stage decodes in (``auto``: f32 activations quantized on the fly; chosen by timing on this PC)
+            "precision": [stage.decode_precision for stage in self.stages] if self.serves else None,
             "sessions": [f"{s:016x}" for s in self.table.sessions],
             "parked": self.table.parked(),
             "evicted": self.table.evicted,

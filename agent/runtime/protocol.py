@@ -52,6 +52,9 @@ class Stage(Protocol):
     """Whether speculative greedy decoding here equals plain greedy decoding (None: not measured)."""
     wire_dtype: str
     """What this stage's hidden states cross the wire in when not told: ``f32`` or ``f16``."""
+    decode_precision: str
+    """The precision it decodes in (a ``RuntimeConfig.precision`` value; chosen by timing where ``auto`` had a
+    choice, ``agent.runtime.tuning``)."""
 
     @property
     def alike(self) -> str:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import openvino as ov
 
 from agent.errors import RuntimeStageError
@@ -15,7 +19,9 @@ from agent.runtime.config import KNOWN_DEVICES, RuntimeConfig
 from agent.runtime.paged_prefill import PagedPrefill, PagedStep, compile_paged_prefill
 from agent.runtime.pipeline import PipelineSession
 from agent.runtime.protocol import new_sessions
+from agent.runtime.repeatable import ALIKE
 from agent.runtime.session import StageSession
+from agent.runtime.tuning import PrecisionChoice, choose_precision
 from shards.manifest import LOGITS_INDEX, GraphEntry, Manifest
 
 log = logging.getLogger(__name__)
@@ -97,6 +103,57 @@ def computes_alike(device: str, weights: str, config: RuntimeConfig) -> str:
     return "prompts" if config.threads == 1 and pages_prefill(device, config) else "none"
 
 
+def decode_candidates(device: str, weights: str, config: RuntimeConfig, default_precision: str) -> tuple[str, ...]:
+    """The precisions (``RuntimeConfig.precision`` values) a stage's decoding may be timed in on this PC, the
+    rule's own first: where ``auto`` quantizes activations on the fly, also the device's default precision, unless
+    that would claim less exactness (``speculation_is_exact``, ``computes_alike``) than the rule's choice. A
+    precision the user named, float weights, other devices: the one given, nothing timed."""
+    if not _quantizes_on_the_fly(device, weights, config) or default_precision == "f32":
+        return (config.precision,)
+    default = replace(config, precision=default_precision)
+    exact = speculation_is_exact(device, weights, config)
+    if (exact is True and speculation_is_exact(device, weights, default) is not True) or ALIKE.index(
+        computes_alike(device, weights, default)
+    ) < ALIKE.index(computes_alike(device, weights, config)):
+        return (config.precision,)
+    return (config.precision, default_precision)
+
+
+TIMED_PROMPT = 32
+"""Positions in the cache before a candidate precision's decode steps are timed."""
+TIMED_STEPS = (4, 24)
+"""Untimed then timed one-position steps per candidate: a fraction of a second on a SmolLM2 stage."""
+
+
+def time_decode(compiled: ov.CompiledModel, graph: GraphEntry, clock: Callable[[], float] = time.perf_counter) -> float:
+    """The median ms of one decode step of ``graph`` compiled as ``compiled``, on a fresh session after a
+    ``TIMED_PROMPT``-position prompt (token ids, or hidden states of the graph's width)."""
+    session = StageSession(
+        compiled.create_infer_request(),
+        graph.inputs[0],
+        compiled.output(graph.outputs[0]),
+        holds_head=graph.head,
+        selects_positions=LOGITS_INDEX in graph.inputs,
+    )
+
+    def inputs(n: int) -> np.ndarray:
+        if graph.embeddings:
+            return np.full((1, n), 300, dtype=np.int64)  # a step's cost does not depend on the token
+        hidden = compiled.input(graph.inputs[0]).get_partial_shape()[2].get_length()
+        return (0.1 * np.random.default_rng(n).standard_normal((1, n, hidden))).astype(np.float32)
+
+    session.step(inputs(TIMED_PROMPT), last_only=True)
+    one = inputs(1)
+    warm, timed = TIMED_STEPS
+    seconds = []
+    for step in range(warm + timed):
+        started = clock()
+        session.step(one, last_only=True)
+        if step >= warm:
+            seconds.append(clock() - started)
+    return 1e3 * statistics.median(seconds)
+
+
 def _computes_in_f32(weights: str, config: RuntimeConfig) -> bool:
     """f32 activations, KV cache and matmuls throughout (``compile_properties`` makes it so)."""
     return config.precision == "f32" or weights in ("fp32", "fp16")
@@ -172,17 +229,28 @@ class CompiledStage:
             config = replace(config, rewind="mask")
         self.core = core or ov.Core()
         self.device = choose_device(config.device, self.core.available_devices)
-        self.compact_rewind = compacts_on_rewind(self.device, weights, config)
         if config.cache_dir is not None:
             config.cache_dir.mkdir(parents=True, exist_ok=True)
         default = default_inference_precision(self.core, self.device)
-        props = compile_properties(self.device, weights, config, default_precision=default)
         xml = export_dir / graph.xml
-        try:
-            # Compiling from the path (not a read model) lets OpenVINO use its model cache.
-            self.compiled = self.core.compile_model(str(xml), self.device, props)
-        except RuntimeError as exc:
-            raise RuntimeStageError(f"{graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
+        candidates = (config.precision,) if drafts else decode_candidates(self.device, weights, config, default)
+        compiled: dict[str, ov.CompiledModel] = {}
+
+        def measure(precision: str) -> float:
+            compiled[precision] = self._compile(xml, weights, replace(config, precision=precision), default)
+            return time_decode(compiled[precision], graph)
+
+        key = self._choice_key(graph, weights, config)
+        self.precision_choice: PrecisionChoice = choose_precision(key, candidates, measure, config.cache_dir)
+        """The precision this stage decodes in, and each candidate's timing where it was chosen by timing."""
+        self.decode_precision = self.precision_choice.precision
+        """What this stage decodes in (``RuntimeConfig.precision``: ``auto``, ``f32``, ``bf16``, ``f16``)."""
+        config = replace(config, precision=self.decode_precision)
+        self.compiled = compiled.pop(config.precision, None) or self._compile(xml, weights, config, default)
+        compiled.clear()  # the candidates not kept
+        self.compact_rewind = compacts_on_rewind(self.device, weights, config)
+        if self.precision_choice.ms_per_token:
+            log.info("%s: decodes in %s", graph.name, self.precision_choice.describe())
         self._paged_prefill: PagedPrefill | None = None
         self._paged_props: dict[str, str] | None = None
         if pages_prefill(self.device, config):
@@ -220,6 +288,23 @@ class CompiledStage:
                 config.precision,
                 config.threads or "all",
             )
+
+    def _compile(self, xml: Path, weights: str, config: RuntimeConfig, default: str) -> ov.CompiledModel:
+        props = compile_properties(self.device, weights, config, default_precision=default)
+        try:
+            # Compiling from the path (not a read model) lets OpenVINO use its model cache.
+            return self.core.compile_model(str(xml), self.device, props)
+        except RuntimeError as exc:
+            raise RuntimeStageError(f"{self.graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
+
+    def _choice_key(self, graph: GraphEntry, weights: str, config: RuntimeConfig) -> str:
+        """What a timed precision choice holds for: the graph's files, this device and its settings, OpenVINO."""
+        try:
+            cpu = str(self.core.get_property(self.device, "FULL_DEVICE_NAME"))
+        except RuntimeError:
+            cpu = "?"
+        files = hashlib.sha256("".join(sorted(f.sha256 for f in graph.files)).encode()).hexdigest()[:16]
+        return f"{graph.name}:{files}:{weights}:{self.device}:{cpu}:{config.threads}:{config.rewind}:{ov.get_version()}"
 
     def paged_prefill(self) -> PagedPrefill | None:
         """The paged compilation long steps run on, compiled on the first call (a stage that never sees a long

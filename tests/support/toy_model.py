@@ -125,6 +125,7 @@ class ToyStage:
     compact_rewind: bool = False
     exact_speculation: bool | None = True
     wire_dtype: str = "f32"
+    decode_precision: str = "f32"
     sessions_made: int = 0
     positions_computed: int = 0
     """Positions run through this stage, all sessions told (a resumed turn computes only its new part)."""

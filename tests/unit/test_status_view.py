@@ -90,6 +90,13 @@ def test_the_status_says_whether_a_stage_and_the_chats_were_exact() -> None:
     assert "next stage connected, exact" in text and "2 answered, 1 running" in text
 
 
+def test_the_status_says_what_each_stage_decodes_in() -> None:
+    status = agent_status()
+    assert "decodes in" not in "\n".join(status_lines("10.0.0.2:7000", status))
+    status["precision"] = ["bf16", "auto"]  # chosen by timing on that PC (agent.runtime.tuning)
+    assert ", decodes in bf16/auto" in status_lines("10.0.0.2:7000", status)[0]
+
+
 def test_the_status_says_what_a_donor_does_and_why_and_which_members_stepped_aside() -> None:
     status = agent_status()
     status["members"]["members"].append({"name": "pc4", "state": "member", "announces": {"donor": "away"}})

@@ -1,0 +1,96 @@
+"""A stage's decode precision is chosen by timing each candidate once per PC and stage, kept in the compiled-model
+cache, honoured on restart, and never makes an exact stage inexact (issue 47)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agent.runtime.repeatable import ALIKE
+from agent.runtime.stage import RuntimeConfig, computes_alike, decode_candidates, speculation_is_exact
+from agent.runtime.tuning import CHOICES_FILE, choose_precision
+
+
+class Timer:
+    """Injected timings: ms per token by candidate, and every candidate timed, in order."""
+
+    def __init__(self, ms: dict[str, float]) -> None:
+        self.ms = ms
+        self.timed: list[str] = []
+
+    def __call__(self, precision: str) -> float:
+        self.timed.append(precision)
+        return self.ms[precision]
+
+
+def test_the_fastest_is_chosen_once_and_kept_for_a_restart(tmp_path: Path) -> None:
+    timer = Timer({"auto": 8.9, "bf16": 7.9})
+    first = choose_precision("stage-0:CPU", ("auto", "bf16"), timer, tmp_path)
+    assert (first.precision, first.measured_now, timer.timed) == ("bf16", True, ["auto", "bf16"])
+    assert json.loads((tmp_path / CHOICES_FILE).read_text())["stage-0:CPU"]["precision"] == "bf16"
+    # a restart: the same PC and stage read the choice back and time nothing, even if the timings would now differ
+    restart = Timer({"auto": 1.0, "bf16": 9.0})
+    again = choose_precision("stage-0:CPU", ("auto", "bf16"), restart, tmp_path)
+    assert (again.precision, again.measured_now, restart.timed) == ("bf16", False, [])
+    assert dict(again.ms_per_token) == {"auto": 8.9, "bf16": 7.9}
+    assert "bf16 7.90" in again.describe() and again.to_json()["precision"] == "bf16"
+    # another stage (or another CPU, thread count, OpenVINO: all in the key) is timed for itself
+    other = choose_precision("stage-1:CPU", ("auto", "bf16"), restart, tmp_path)
+    assert (other.precision, other.measured_now, restart.timed) == ("auto", True, ["auto", "bf16"])
+    kept = json.loads((tmp_path / CHOICES_FILE).read_text())
+    assert {k: v["precision"] for k, v in kept.items()} == {"stage-0:CPU": "bf16", "stage-1:CPU": "auto"}
+
+
+def test_nothing_to_choose_times_nothing_and_ties_keep_the_rule(tmp_path: Path) -> None:
+    timer = Timer({"auto": 5.0, "bf16": 5.0})
+    alone = choose_precision("k", ("f32",), timer, tmp_path)
+    assert (alone.precision, alone.measured_now, alone.describe(), timer.timed) == ("f32", False, "f32", [])
+    assert not (tmp_path / CHOICES_FILE).exists()
+    assert choose_precision("k", ("auto", "bf16"), timer, tmp_path).precision == "auto"
+
+
+def test_an_unreadable_or_stale_cache_is_timed_again(tmp_path: Path) -> None:
+    (tmp_path / CHOICES_FILE).write_text("{not json")
+    timer = Timer({"auto": 3.0, "bf16": 2.0})
+    assert choose_precision("k", ("auto", "bf16"), timer, tmp_path).precision == "bf16"
+    # a kept choice no longer among the candidates (the user named a precision since) is not taken
+    assert choose_precision("k", ("auto", "f16"), Timer({"auto": 1.0, "f16": 2.0}), tmp_path).precision == "auto"
+
+
+def test_without_a_cache_folder_each_start_times_again() -> None:
+    timer = Timer({"auto": 3.0, "bf16": 2.0})
+    choose_precision("k", ("auto", "bf16"), timer, None)
+    choose_precision("k", ("auto", "bf16"), timer, None)
+    assert timer.timed == ["auto", "bf16"] * 2
+
+
+def test_only_auto_on_a_quantizing_cpu_offers_the_plugin_default() -> None:
+    one_thread = RuntimeConfig(device="CPU", threads=1)
+    assert decode_candidates("CPU", "int4", one_thread, "bf16") == ("auto", "bf16")
+    assert decode_candidates("CPU", "int8", RuntimeConfig(), "f16") == ("auto", "f16")
+    # the user named a precision, float weights, a CPU whose default is f32 anyway, another device: no choice
+    assert decode_candidates("CPU", "int4", replace(one_thread, precision="f32"), "bf16") == ("f32",)
+    assert decode_candidates("CPU", "int4", replace(one_thread, precision="bf16"), "bf16") == ("bf16",)
+    assert decode_candidates("CPU", "fp16", one_thread, "bf16") == ("auto",)
+    assert decode_candidates("CPU", "int4", one_thread, "f32") == ("auto",)
+    assert decode_candidates("GPU.0", "int4", one_thread, "f16") == ("auto",)
+
+
+@pytest.mark.parametrize(
+    ("threads", "rewind", "prefill_attention"),
+    list(itertools.product([1, 2, None], ["auto", "mask", "compact"], ["paged", "sdpa"])),
+)
+def test_no_candidate_is_less_exact_than_the_rule(threads: int | None, rewind: str, prefill_attention: str) -> None:
+    rule = RuntimeConfig(device="CPU", threads=threads, rewind=rewind, prefill_attention=prefill_attention)
+    for precision in decode_candidates("CPU", "int4", rule, "bf16"):
+        chosen = replace(rule, precision=precision)
+        exact = speculation_is_exact("CPU", "int4", rule)
+        assert exact is not True or speculation_is_exact("CPU", "int4", chosen) is True
+        assert ALIKE.index(computes_alike("CPU", "int4", chosen)) >= ALIKE.index(computes_alike("CPU", "int4", rule))
+    # the one-thread rule: cutting rejected drafts out keeps bf16 decoding exact as it does the rule's choice
+    if threads == 1 and rewind in ("auto", "compact"):
+        assert speculation_is_exact("CPU", "int4", replace(rule, precision="bf16")) is True
