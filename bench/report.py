@@ -43,6 +43,8 @@ def config_figures(runs: Sequence[RunResult]) -> dict[str, Any]:
         "cpu_share_min": min(r.cpu_share for r in runs),
         "others_busy_max": max(r.others_busy for r in runs),
     }
+    if runs[0].precision:
+        figures["precision"] = runs[0].precision
     # shoal runs also split each decoded token's time: (decode, infer calls, OpenVINO's own latency)
     split = [
         (r.decode_s, r.infer_s, r.ov_latency_s, len(r.tokens) - 1)
@@ -166,6 +168,9 @@ def render_table(report: Mapping[str, Any]) -> str:
             f"{name:<8} {speed:>22} {'-' if ratio is None else f'{ratio:.3f}':>7} "
             f"{figures['ms_per_token']:>7.2f} {figures['ttft_s']:>7.3f} {_share(figures):>7}  {_goal(report, name)}"
         )
+    precisions = [f"{name} {f['precision']}" for name, f in report["configs"].items() if f.get("precision")]
+    if precisions:
+        lines.append(f"decode precision (chosen by timing here): {', '.join(precisions)}")
     for pair, agreed in report.get("agreement", {}).items():
         first = agreed["first_difference"]
         lines.append(

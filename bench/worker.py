@@ -86,6 +86,8 @@ class RunResult:
     """Decode phase: wall time of every ``InferRequest.infer`` call, summed over stages (shoal only)."""
     ov_latency_s: float | None = None
     """Decode phase: OpenVINO's own ``InferRequest.latency`` summed (excludes Python input binding)."""
+    precision: str | None = None
+    """shoal: what each stage decoded in, ``/``-joined (chosen by timing on this PC, ``agent.runtime.tuning``)."""
 
     @property
     def tok_s(self) -> float:
@@ -154,6 +156,8 @@ class Generation:
     decode_s: float
     infer_s: float | None = None
     ov_latency_s: float | None = None
+    precision: str | None = None
+    """shoal: what each stage decodes in, ``/``-joined (``CompiledStage.decode_precision``)."""
 
 
 class Runner(Protocol):
@@ -216,6 +220,7 @@ class ShoalRunner:
             decode_s=stamps[-1] - stamps[0],
             infer_s=timers.infer_s - at_first[0],
             ov_latency_s=timers.latency_s - at_first[1],
+            precision="/".join(stage.decode_precision for stage in self.pipeline.stages),
         )
 
 
@@ -312,6 +317,7 @@ def timed_run(runner: Runner, tokens: int, prompt_ids: list[int] | None = None) 
         others_busy=share.others_busy,
         infer_s=gen.infer_s,
         ov_latency_s=gen.ov_latency_s,
+        precision=gen.precision,
     )
 
 

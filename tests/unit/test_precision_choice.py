@@ -94,3 +94,20 @@ def test_no_candidate_is_less_exact_than_the_rule(threads: int | None, rewind: s
     # the one-thread rule: cutting rejected drafts out keeps bf16 decoding exact as it does the rule's choice
     if threads == 1 and rewind in ("auto", "compact"):
         assert speculation_is_exact("CPU", "int4", replace(rule, precision="bf16")) is True
+
+
+def test_bench_shards_reports_what_each_config_decoded_in() -> None:
+    from bench.report import build_report, render_table
+    from bench.worker import RunResult
+
+    def run(precision: str | None) -> RunResult:
+        return RunResult(list(range(9)), 0.1, 0.08, 1.0, 10**8, 2, 1.0, precision=precision)
+
+    results = {"mono": [run(None)], "1-stage": [run("bf16")], "2-stage": [run("bf16/auto")]}
+    report = build_report("smollm2", 9, 1, results, {"cpu": "test CPU", "pinned_core": 1})
+    assert {name: f.get("precision") for name, f in report["configs"].items()} == {
+        "mono": None,
+        "1-stage": "bf16",
+        "2-stage": "bf16/auto",
+    }
+    assert "decode precision (chosen by timing here): 1-stage bf16, 2-stage bf16/auto" in render_table(report)
