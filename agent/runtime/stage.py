@@ -121,13 +121,17 @@ def decode_candidates(device: str, weights: str, config: RuntimeConfig, default_
 
 TIMED_PROMPT = 32
 """Positions in the cache before a candidate precision's decode steps are timed."""
-TIMED_STEPS = (4, 24)
-"""Untimed then timed one-position steps per candidate: a fraction of a second on a SmolLM2 stage."""
+TIMED_STEPS = (4, 16)
+"""Untimed one-position steps before a candidate's first timing, and timed ones per timing (``TIMING_ROUNDS``
+of them): a fraction of a second a candidate on a SmolLM2 stage."""
 
 
-def time_decode(compiled: ov.CompiledModel, graph: GraphEntry, clock: Callable[[], float] = time.perf_counter) -> float:
-    """The median ms of one decode step of ``graph`` compiled as ``compiled``, on a fresh session after a
-    ``TIMED_PROMPT``-position prompt (token ids, or hidden states of the graph's width)."""
+def decode_timer(
+    compiled: ov.CompiledModel, graph: GraphEntry, clock: Callable[[], float] = time.perf_counter
+) -> Callable[[], float]:
+    """A timing of ``graph`` compiled as ``compiled``: each call gives the median ms of ``TIMED_STEPS`` one-position
+    steps of one session, which first took a ``TIMED_PROMPT``-position prompt (token ids, or hidden states of the
+    graph's width) and a few untimed steps."""
     session = StageSession(
         compiled.create_infer_request(),
         graph.inputs[0],
@@ -145,13 +149,18 @@ def time_decode(compiled: ov.CompiledModel, graph: GraphEntry, clock: Callable[[
     session.step(inputs(TIMED_PROMPT), last_only=True)
     one = inputs(1)
     warm, timed = TIMED_STEPS
-    seconds = []
-    for step in range(warm + timed):
-        started = clock()
+    for _ in range(warm):
         session.step(one, last_only=True)
-        if step >= warm:
+
+    def time_steps() -> float:
+        seconds = []
+        for _ in range(timed):
+            started = clock()
+            session.step(one, last_only=True)
             seconds.append(clock() - started)
-    return 1e3 * statistics.median(seconds)
+        return 1e3 * statistics.median(seconds)
+
+    return time_steps
 
 
 def _computes_in_f32(weights: str, config: RuntimeConfig) -> bool:
@@ -235,10 +244,13 @@ class CompiledStage:
         xml = export_dir / graph.xml
         candidates = (config.precision,) if drafts else decode_candidates(self.device, weights, config, default)
         compiled: dict[str, ov.CompiledModel] = {}
+        timers: dict[str, Callable[[], float]] = {}
 
         def measure(precision: str) -> float:
-            compiled[precision] = self._compile(xml, weights, replace(config, precision=precision), default)
-            return time_decode(compiled[precision], graph)
+            if precision not in timers:
+                compiled[precision] = self._compile(xml, weights, replace(config, precision=precision), default)
+                timers[precision] = decode_timer(compiled[precision], graph)
+            return timers[precision]()
 
         key = self._choice_key(graph, weights, config)
         self.precision_choice: PrecisionChoice = choose_precision(key, candidates, measure, config.cache_dir)
@@ -247,7 +259,8 @@ class CompiledStage:
         """What this stage decodes in (``RuntimeConfig.precision``: ``auto``, ``f32``, ``bf16``, ``f16``)."""
         config = replace(config, precision=self.decode_precision)
         self.compiled = compiled.pop(config.precision, None) or self._compile(xml, weights, config, default)
-        compiled.clear()  # the candidates not kept
+        compiled.clear()  # the candidates not kept, and their timing sessions
+        timers.clear()
         self.compact_rewind = compacts_on_rewind(self.device, weights, config)
         if self.precision_choice.ms_per_token:
             log.info("%s: decodes in %s", graph.name, self.precision_choice.describe())

@@ -21,6 +21,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+TIMING_ROUNDS = 3
+"""Each candidate is timed once per round, in turn, and its fastest round counts: a PC's speed drifts within
+seconds and other work only ever slows a round down, so alternating rounds compare the candidates fairly."""
+
 CHOICES_FILE = "precision-choices.json"
 """Where the choices are kept, in the compiled-model cache folder (``RuntimeConfig.cache_dir``)."""
 
@@ -55,7 +59,8 @@ class PrecisionChoice:
 def choose_precision(
     key: str, candidates: Sequence[str], measure: Callable[[str], float], cache_dir: Path | None
 ) -> PrecisionChoice:
-    """The fastest of ``candidates`` by ``measure`` (ms per token; ties go to the first), taken from
+    """The fastest of ``candidates`` by ``measure`` (ms per token, called ``TIMING_ROUNDS`` times a candidate in
+    alternating rounds, the least counts; ties go to the first), taken from
     ``cache_dir``'s ``CHOICES_FILE`` under ``key`` where it was chosen before, else timed now and written there.
 
     ``key`` names what the choice holds for: the graph, the device and its settings, the OpenVINO version.
@@ -71,7 +76,8 @@ def choose_precision(
         timings = known.get("ms_per_token")
         kept = {str(k): float(v) for k, v in timings.items()} if isinstance(timings, dict) else {}
         return PrecisionChoice(str(known["precision"]), kept)
-    timed = {candidate: measure(candidate) for candidate in candidates}
+    rounds = [{candidate: measure(candidate) for candidate in candidates} for _ in range(TIMING_ROUNDS)]
+    timed = {candidate: min(r[candidate] for r in rounds) for candidate in candidates}
     best = min(candidates, key=timed.__getitem__)
     choice = PrecisionChoice(best, timed, measured_now=True)
     if path is not None:
