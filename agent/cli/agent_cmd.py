@@ -87,6 +87,12 @@ def _add_stage_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="AUTO, CPU, GPU or NPU")
     p.add_argument("--threads", type=int, default=None, help="CPU inference threads")
     p.add_argument("--precision", choices=("auto", "f32", "bf16", "f16"), default=None)
+    p.add_argument(
+        "--tune-precision",
+        action="store_true",
+        default=None,
+        help="time auto's decode precision against the device's default on this PC's first compile, keep the faster",
+    )
     p.add_argument("--fast-prefill", action=argparse.BooleanOptionalAction, default=None, help=FAST_PREFILL_HELP)
     p.add_argument("--prefill-attention", choices=PREFILL_ATTENTIONS, default=None, help=PREFILL_ATTENTION_HELP)
     p.add_argument("--rewind", choices=REWINDS, default=None, help=REWIND_HELP)
@@ -167,6 +173,7 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "device": args.device,
         "threads": args.threads,
         "precision": args.precision,
+        "tune_precision": args.tune_precision,
         "fast_prefill": args.fast_prefill,
         "prefill_attention": args.prefill_attention,
         "rewind": args.rewind,

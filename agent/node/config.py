@@ -280,6 +280,7 @@ _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "threads": _threads,
     "cache_dir": _path,
     "precision": _choice(PRECISIONS),
+    "tune_precision": _flag,
     "fast_prefill": _flag,
     "prefill_attention": _choice(PREFILL_ATTENTIONS),
     "rewind": _choice(REWINDS),

@@ -29,11 +29,15 @@ class RuntimeConfig:
     """Inference precision: ``auto``, or ``f32``, ``bf16``, ``f16`` throughout. ``auto`` on the CPU with
     int4/int8 weights computes with f32 activations, which the plugin quantizes to int8 on the fly for
     its int8 kernels (measured on a Xeon with AMX: 15-25 % less time per token than its bf16 default,
-    and verifying K+1 positions at once costs far less); elsewhere ``auto`` is the plugin's default. Where
-    that default is not f32, both are timed on the first compilation on a PC and the faster kept
-    (``agent.runtime.tuning``), unless the default would make the stage less exact.
+    and verifying K+1 positions at once costs far less); elsewhere ``auto`` is the plugin's default. With
+    ``tune_precision``, where that default is not f32, both are timed on the first compilation on a PC and the
+    faster kept (``agent.runtime.tuning``), unless the default would make the stage less exact.
     In bf16, or with activations quantized on the fly, the CPU plugin rounds differently where a graph
     is cut into stages: only ``f32`` makes a split int4/int8 export token-identical to its 1-stage export."""
+    tune_precision: bool = False
+    """Choose ``auto``'s decode precision by timing on this PC (cached with the compiled models). Off by default:
+    processes that time on their own may choose differently, and then compute other tokens than an in-process
+    run of the same export (the lab's ring against its reference did, at the 12th token)."""
     prefill_attention: str = "paged"
     """What long steps (prompts) attend through (``PREFILL_ATTENTIONS``). ``paged``, on the CPU: a second
     compilation of the stage graph with OpenVINO's PagedAttention, made on the stage's first long step, the KV

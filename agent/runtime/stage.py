@@ -242,7 +242,8 @@ class CompiledStage:
             config.cache_dir.mkdir(parents=True, exist_ok=True)
         default = default_inference_precision(self.core, self.device)
         xml = export_dir / graph.xml
-        candidates = (config.precision,) if drafts else decode_candidates(self.device, weights, config, default)
+        timed = config.tune_precision and not drafts
+        candidates = decode_candidates(self.device, weights, config, default) if timed else (config.precision,)
         compiled: dict[str, ov.CompiledModel] = {}
         timers: dict[str, Callable[[], float]] = {}
 

@@ -20,7 +20,7 @@ def test_the_decode_precision_is_timed_once_and_kept(exported: Callable[..., Pat
     export = exported(1, "int4")
     manifest = Manifest.load(export)
     entry = manifest.stages[0]
-    config = RuntimeConfig(device="CPU", threads=1, cache_dir=tmp_path / "ov-cache")
+    config = RuntimeConfig(device="CPU", threads=1, cache_dir=tmp_path / "ov-cache", tune_precision=True)
     default = default_inference_precision(ov.Core(), "CPU")
     first = CompiledStage(export, entry, manifest.weights, config)
     choice = first.precision_choice
