@@ -244,17 +244,16 @@ class _Fetch:
         return Manifest.load(path.parent), path.parent
 
     # -- downloads -----------------------------------------------------------------------------
-    def download(self, filename: str, *, force: bool = False, local_only: bool = False, tqdm_class: Any = None) -> Path:
-        """One file of the commit, through the cache (``force``: downloaded even if cached)."""
+    def download(self, filename: str, *, local_only: bool = False) -> Path:
+        """One small file of the commit (the manifest) through huggingface_hub's cache; the stages' files go
+        through :meth:`download_resumable`."""
         try:
             path = hf_hub_download(
                 self.repo_id,
                 filename,
                 **self._where_args(),
-                force_download=force,
                 local_files_only=local_only,
                 etag_timeout=self.timeout,
-                tqdm_class=tqdm_class,
             )
         except (*_TRANSFER_ERRORS, ValueError) as exc:
             raise self.source_error(exc, filename) from exc
@@ -292,7 +291,7 @@ class _Fetch:
             if what == MANIFEST_NAME:
                 return ManifestError(f"{self.where}: no {MANIFEST_NAME} (not a published shoal export)")
             return IntegrityError(f"{self.where}: {what} is listed in {MANIFEST_NAME} but not in the repository")
-        # a forced download that failed is a ValueError whose cause tells why
+        # huggingface_hub's ValueError (a download that failed its own checks) has the reason as its cause
         return SourceError(f"{self.where}: cannot download {what} from {self.endpoint_name} ({exc.__cause__ or exc})")
 
     # -- checks --------------------------------------------------------------------------------
