@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.donor_bench import add_arguments as add_donor_arguments
 
     add_donor_arguments(b)
+    b = bench.add_parser(
+        "soak", help="a fleet of real agents serving many requests of three clients, leaks measured; --chaos: faults"
+    )
+    from bench.soak_bench import add_arguments as add_soak_arguments
+
+    add_soak_arguments(b)
     return parser
 
 
@@ -124,6 +130,10 @@ def _run_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         from bench.prefill_bench import run_bench_prefill
 
         return run_bench_prefill(args, cache_dir)
+    if args.bench == "soak":
+        from bench.soak_bench import run_soak_bench
+
+        return run_soak_bench(args, cache_dir)
     if args.bench == "chat":
         from bench.chat_bench import run_bench_chat
 

@@ -1,0 +1,136 @@
+"""The soak's chaos driver: a bounded list of faults, injected into a running fleet while it serves.
+
+:func:`schedule` is a pure function of a random generator: which faults, and after how many finished requests
+each is injected (request counts, not seconds, so that a slow machine sees the same faults in the same places).
+:class:`Chaos` applies them one after another to a :class:`tests.support.soak_fleet.SoakFleet` and records, for
+each, what it hit, how long it lasted and how long the fleet took to follow one plan hash again.
+
+Faults (``KINDS``): ``kill`` (``kill -9`` of a stage's agent, the stage its standby has if one stands by; the
+agent is started again ``hold`` seconds later and rejoins), ``stop`` (SIGSTOP of a stage's agent for ``hold``
+seconds, 8-30, then SIGCONT), ``coordinator`` (the coordinator stopped and started again), ``revoke`` (the spare
+node's certificate revoked, at most once). Cutting a host off the network needs network namespaces
+(``python -m bench plan``'s lab); on loopback it is not injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tests.support.soak_fleet import HEAD, SPARE, SoakFleet
+
+log = logging.getLogger(__name__)
+
+KINDS = ("kill", "stop", "coordinator", "revoke")
+ONE_PLAN_TIMEOUT = 180.0
+"""Seconds a fault's fleet is given to follow one plan hash again before the driver notes it and goes on."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: its kind, the number of finished requests it waits for, and how long it holds (seconds)."""
+
+    kind: str
+    after_requests: int
+    hold: float
+
+
+def schedule(
+    rng: random.Random, count: int, requests: int, kinds: tuple[str, ...] = KINDS, max_hold: float = 30.0
+) -> tuple[Fault, ...]:
+    """``count`` faults spread over the middle of ``requests`` requests (none in the first or last tenth), the
+    kinds taken in turn from a shuffled ``kinds`` (a revocation at most once: there is one spare); no fault
+    holds longer than ``max_hold`` seconds (the short soak's)."""
+    order = list(kinds)
+    rng.shuffle(order)
+    picked = [order[i % len(order)] for i in range(count)]
+    picked = [k for i, k in enumerate(picked) if k != "revoke" or "revoke" not in picked[:i]]
+    low, high = max(1, requests // 10), max(2, requests - requests // 10)
+    marks = sorted(rng.randint(low, high) for _ in picked)
+    holds = {"kill": (15.0, 30.0), "stop": (8.0, 30.0), "coordinator": (0.0, 0.0), "revoke": (0.0, 0.0)}
+    return tuple(
+        Fault(k, m, round(min(max_hold, rng.uniform(*holds[k])), 1)) for k, m in zip(picked, marks, strict=True)
+    )
+
+
+@dataclass
+class FaultRecord:
+    """What one fault did: its target, when it was injected and ended (monotonic seconds), and when the fleet
+    followed one ready plan again (``one_plan_s``: seconds from the fault's end; None: not within the timeout)."""
+
+    kind: str
+    target: str
+    injected: float
+    ended: float = 0.0
+    one_plan_s: float | None = None
+    note: str = ""
+    plan_hash: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class Chaos:
+    """Injects ``faults`` into ``fleet`` as ``finished()`` (the count of finished requests) reaches each."""
+
+    fleet: SoakFleet
+    faults: tuple[Fault, ...]
+    finished: Callable[[], int]
+    clock: Callable[[], float] = time.monotonic
+    records: list[FaultRecord] = field(default_factory=list)
+
+    async def run(self) -> list[FaultRecord]:
+        for fault in self.faults:
+            while self.finished() < fault.after_requests:
+                await asyncio.sleep(0.2)
+            try:
+                record = await self._inject(fault)
+            except Exception as exc:  # a fault that could not be injected is noted, and the soak goes on
+                log.exception("chaos: %s failed", fault.kind)
+                record = FaultRecord(fault.kind, "", self.clock(), self.clock(), note=f"not injected: {exc}")
+            self.records.append(record)
+            log.warning("chaos: %s", record.to_json())
+        return self.records
+
+    async def _inject(self, fault: Fault) -> FaultRecord:
+        fleet = self.fleet
+        if fault.kind == "revoke":
+            record = FaultRecord("revoke", SPARE, self.clock())
+            await fleet.revoke(SPARE)
+            await asyncio.to_thread(fleet.stop, SPARE)  # refused by every peer now: it has nothing left to do
+        elif fault.kind == "coordinator":
+            target = str((await fleet.plan()).get("coordinator"))
+            record = FaultRecord("coordinator", target, self.clock())
+            await asyncio.to_thread(fleet.stop, target)
+            await asyncio.to_thread(fleet.start, target, seed=HEAD)
+        else:
+            target = await fleet.standing_by() or _pick(await fleet.stage_holders())
+            record = FaultRecord(fault.kind, target, self.clock(), note=f"hold {fault.hold:g} s")
+            if fault.kind == "kill":
+                await asyncio.to_thread(fleet.kill, target)
+                await asyncio.sleep(fault.hold)
+                await asyncio.to_thread(fleet.start, target, seed=HEAD)
+            else:
+                fleet.pause(target, True)
+                await asyncio.sleep(fault.hold)
+                fleet.pause(target, False)
+        record.ended = self.clock()
+        deadline = record.ended + ONE_PLAN_TIMEOUT
+        while self.clock() < deadline:
+            if (found := await fleet.agreed()) is not None:
+                record.one_plan_s, record.plan_hash = self.clock() - record.ended, found
+                break
+            await asyncio.sleep(0.5)
+        return record
+
+
+def _pick(holders: list[str]) -> str:
+    if not holders:
+        raise RuntimeError("the plan names no stage holder")
+    return random.choice(holders)
