@@ -72,7 +72,7 @@ from bench.worker import RequestTimers
 
 if TYPE_CHECKING:  # OpenVINO is loaded once the head is pinned to its core
     from agent.cli.status_link import StatusLink
-    from agent.runtime.session import StageSession
+    from agent.runtime.protocol import KVSession
     from agent.runtime.stage import CompiledStage
 
 CONFIGS = ("mono", "pp", "pp+sd", "pp+mb", "pp+sd+mb")
@@ -621,7 +621,7 @@ class Ring:
         """Held open to each agent (straight to its port, not through the proxy): its counters in one round trip."""
         self.executor = TimingExecutor()
         self.drafters: dict[str, list[Any]] = {}
-        self.local_sessions: list[StageSession] = []
+        self.local_sessions: list[KVSession] = []
         """The head's stage sessions of the running (or last) configuration, their inferences timed by ``timers``."""
         self.timers = RequestTimers()
 
@@ -786,6 +786,7 @@ class Ring:
         """One run of ``config``: its users decode ``tokens`` tokens each, concurrently."""
         from agent.head.adaptive_k import AdaptiveK
         from agent.head.decode import DecodeStats, decode
+        from agent.runtime.session import StageSession
         from agent.sampling.params import SamplingParams
 
         users = USERS[config]
@@ -797,7 +798,8 @@ class Ring:
         for _ in range(users):
             local = [stage.new_session() for stage in self.stages]
             for stage_session in local:
-                self.timers.time(stage_session)
+                if isinstance(stage_session, StageSession):  # a paged one shares its stage's request: not timed
+                    self.timers.time(stage_session)
             self.local_sessions += local
             sessions.append(self.client.session(params, local))
         drafters: list[Any] = [None] * users

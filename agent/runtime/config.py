@@ -14,6 +14,7 @@ KNOWN_DEVICES = ("AUTO", "CPU", "GPU", "NPU")
 PRECISIONS = ("auto", "f32", "bf16", "f16")
 REWINDS = ("auto", "mask", "compact")
 PREFILL_ATTENTIONS = ("paged", "sdpa")
+KV_MODES = ("state", "paged")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,17 @@ class RuntimeConfig:
     from K+1 steps of one, and no rewind is exact. ``auto``: compact where that makes decoding exact
     (CPU, one thread, below f32), else mask."""
 
+    kv: str = "state"
+    """Where a stage keeps its sessions' KV (``KV_MODES``). ``state``: each session's own infer request and state,
+    on the SDPA compilation (``agent.runtime.session``); steps of several sessions run one after another. ``paged``,
+    on the CPU: one PagedAttention compilation and one pool of KV blocks per stage shared by its sessions
+    (``agent.runtime.paged_kv``), so that a stage server packs several sessions' steps into one inference
+    (``agent.runtime.packed``); other devices keep ``state``. What packing keeps of exactness is measured in
+    ``agent.runtime.paged_kv.paged_packs_alike``."""
+    kv_positions: int = 65536
+    """``kv = "paged"``: the positions a stage's block pool holds for all its sessions together (the pool's memory
+    is taken only as blocks are first used); a step that finds no free blocks is answered "fleet busy"."""
+
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise RuntimeStageError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
@@ -69,5 +81,9 @@ class RuntimeConfig:
             raise RuntimeStageError(
                 f"prefill attention must be one of {', '.join(PREFILL_ATTENTIONS)}, not {self.prefill_attention!r}"
             )
+        if self.kv not in KV_MODES:
+            raise RuntimeStageError(f"kv must be one of {', '.join(KV_MODES)}, not {self.kv!r}")
+        if self.kv_positions < 1:
+            raise RuntimeStageError(f"kv positions must be at least 1, not {self.kv_positions}")
         if self.rewind not in REWINDS:
             raise RuntimeStageError(f"rewind must be one of {', '.join(REWINDS)}, not {self.rewind!r}")

@@ -19,6 +19,7 @@ graph.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,15 +255,7 @@ class PagedStep:
         blocks = -(-(past + n) // p.block_size)  # the ones this inference reads or fills; the arrays may hold more
         for name, layer_blocks in arrays.items():
             self.request.set_tensor(name, p.blocks.tensor(layer_blocks))
-        feed = {
-            p.graph.token_input: inputs[0],
-            "position_ids": positions.reshape(-1),
-            "past_lens": np.array([past], dtype=np.int32),
-            "subsequence_begins": np.array([0, n], dtype=np.int32),
-            "block_indices": np.arange(blocks, dtype=np.int32),
-            "block_indices_begins": np.array([0, blocks], dtype=np.int32),
-            "max_context_len": np.array(past + n, dtype=np.int32),
-        }
+        feed = sequences_feed(p.graph.token_input, inputs[0], positions.reshape(-1), [past], [n], [range(blocks)])
         if p.selects_positions:
             feed[LOGITS_INDEX] = logits_index
         self.request.infer(feed, share_inputs=True, share_outputs=True)
@@ -281,6 +274,31 @@ class PagedStep:
                 raise RuntimeStageError(f"KV state of {kv.dtype} {kv.shape}: expected f32 [1, heads, positions, size]")
             flat[:, : len(kept)] = p.blocks.encode(kv[0][:, kept])
         return np.ascontiguousarray(flat.reshape(p.kv_heads, blocks, p.block_size, p.head_size).transpose(1, 0, 2, 3))
+
+
+def sequences_feed(
+    token_input: str,
+    rows: np.ndarray,
+    positions: np.ndarray,
+    past: Sequence[int],
+    counts: Sequence[int],
+    tables: Sequence[Sequence[int]],
+) -> dict[str, np.ndarray]:
+    """The inputs of one PagedAttention inference over several sequences, as the op's spec lays them out (and
+    openvino.genai's ``ModelRunner`` packs them): ``rows`` (``[total]`` ids or ``[total, hidden]``), the new
+    positions of every sequence one after another, ``counts[i]`` of them for sequence ``i``, which already holds
+    ``past[i]`` positions in the blocks ``tables[i]`` (those its new ones are written into too)."""
+    ends = np.cumsum(counts, dtype=np.int32)
+    blocks = [len(t) for t in tables]
+    return {
+        token_input: rows,
+        "position_ids": positions,
+        "past_lens": np.asarray(past, dtype=np.int32),
+        "subsequence_begins": np.concatenate(([0], ends)).astype(np.int32),
+        "block_indices": np.fromiter((b for t in tables for b in t), dtype=np.int32, count=sum(blocks)),
+        "block_indices_begins": np.concatenate(([0], np.cumsum(blocks))).astype(np.int32),
+        "max_context_len": np.array(max(p + n for p, n in zip(past, counts, strict=True)), dtype=np.int32),
+    }
 
 
 def compile_paged_prefill(

@@ -16,6 +16,14 @@ import openvino as ov
 
 from agent.errors import RuntimeStageError
 from agent.runtime.config import KNOWN_DEVICES, RuntimeConfig
+from agent.runtime.paged_kv import (
+    PagedKV,
+    PagedKVSession,
+    paged_computes_alike,
+    paged_packs_alike,
+    paged_speculation_is_exact,
+    pool_blocks,
+)
 from agent.runtime.paged_prefill import PagedPrefill, PagedStep, compile_paged_prefill
 from agent.runtime.pipeline import PipelineSession
 from agent.runtime.protocol import new_sessions
@@ -242,7 +250,8 @@ class CompiledStage:
             config.cache_dir.mkdir(parents=True, exist_ok=True)
         default = default_inference_precision(self.core, self.device)
         xml = export_dir / graph.xml
-        timed = config.tune_precision and not drafts
+        pages_kv = config.kv == "paged" and self.device == "CPU" and not drafts
+        timed = config.tune_precision and not drafts and not pages_kv  # the timing runs on the SDPA compilation
         candidates = decode_candidates(self.device, weights, config, default) if timed else (config.precision,)
         compiled: dict[str, ov.CompiledModel] = {}
         timers: dict[str, Callable[[], float]] = {}
@@ -259,7 +268,15 @@ class CompiledStage:
         self.decode_precision = self.precision_choice.precision
         """What this stage decodes in (``RuntimeConfig.precision``: ``auto``, ``f32``, ``bf16``, ``f16``)."""
         config = replace(config, precision=self.decode_precision)
-        self.compiled = compiled.pop(config.precision, None) or self._compile(xml, weights, config, default)
+        self.paged_kv = self._compile_paged_kv(xml, weights, config, default) if pages_kv else None
+        """Where this stage's sessions keep their KV with ``kv = "paged"`` (None: each in its own state)."""
+        self.kv = "state" if self.paged_kv is None else "paged"
+        """Where its sessions keep their KV (``RuntimeConfig.kv``): ``paged`` only where asked for and compiled."""
+        self.compiled = (
+            self.paged_kv.compiled.compiled
+            if self.paged_kv is not None
+            else compiled.pop(config.precision, None) or self._compile(xml, weights, config, default)
+        )
         compiled.clear()  # the candidates not kept, and their timing sessions
         timers.clear()
         self.compact_rewind = compacts_on_rewind(self.device, weights, config)
@@ -267,7 +284,7 @@ class CompiledStage:
             log.info("%s: decodes in %s", graph.name, self.precision_choice.describe())
         self._paged_prefill: PagedPrefill | None = None
         self._paged_props: dict[str, str] | None = None
-        if pages_prefill(self.device, config):
+        if pages_prefill(self.device, config) and self.paged_kv is None:
             fast = splits_prefill(self.device, weights, config, default)
             self._paged_props = compile_properties(
                 self.device, weights, config, prefill=fast, default_precision=default
@@ -283,6 +300,15 @@ class CompiledStage:
         self._paged_lock = threading.Lock()
         self.exact_speculation = None if drafts else speculation_is_exact(self.device, weights, config)
         self._alike = "none" if drafts else computes_alike(self.device, weights, config)
+        self.packs_alike = True
+        """Whether a session's numbers here are those it gets alone, whatever is packed beside it (``kv = "state"``
+        never packs; ``agent.runtime.paged_kv.packs_alike``)."""
+        if self.paged_kv is not None:
+            f32 = _computes_in_f32(weights, config)
+            self.compact_rewind = False  # a rewind truncates a block table: nothing is masked, nothing copied
+            self.exact_speculation = paged_speculation_is_exact(f32)
+            self._alike = paged_computes_alike(config.threads, f32)
+            self.packs_alike = paged_packs_alike(config.threads, f32)
         self.wire_dtype = "f16" if _compiled_precision(self.compiled) == "f16" else "f32"
         """What this stage's hidden states cross the wire in when not told (``auto``): f16 where the device
         computes in f16 (the values are f16 already; half the bytes), else f32 (f32 or bf16 values)."""
@@ -310,6 +336,28 @@ class CompiledStage:
             return self.core.compile_model(str(xml), self.device, props)
         except RuntimeError as exc:
             raise RuntimeStageError(f"{self.graph.name}: cannot compile {xml} on {self.device}: {exc}") from exc
+
+    def _compile_paged_kv(self, xml: Path, weights: str, config: RuntimeConfig, default: str) -> PagedKV | None:
+        """The PagedAttention compilation and block pool its sessions share (``kv = "paged"``); None, logged, where
+        the graph does not take it (its sessions then keep their KV in state)."""
+        props = compile_properties(self.device, weights, config, default_precision=default)
+        started = time.perf_counter()
+        try:
+            compiled = compile_paged_prefill(
+                self.core, str(xml), self.graph.inputs[0], self.graph.outputs[0], self.device, props
+            )
+        except RuntimeStageError as exc:
+            log.warning("%s: sessions keep their KV in state, not paged: %s", self.graph.name, exc)
+            return None
+        blocks = pool_blocks(config.kv_positions, compiled.block_size)
+        log.info(
+            "%s: paged KV compiled in %.1f s, a pool of %d blocks of %d positions",
+            self.graph.name,
+            time.perf_counter() - started,
+            blocks,
+            compiled.block_size,
+        )
+        return PagedKV(compiled, blocks, self.graph.name)
 
     def _choice_key(self, graph: GraphEntry, weights: str, config: RuntimeConfig) -> str:
         """What a timed precision choice holds for: the graph's files, this device and its settings, OpenVINO."""
@@ -340,7 +388,12 @@ class CompiledStage:
     @property
     def alike(self) -> str:
         """What this stage computes the same however positions are grouped into steps (``computes_alike``)."""
-        if self._alike == "prompts" and self._paged_props is None and self._paged_prefill is None:
+        if (
+            self._alike == "prompts"
+            and self.paged_kv is None
+            and self._paged_props is None
+            and self._paged_prefill is None
+        ):
             return "none"  # its paged compilation failed: prompts run on the SDPA one, which rounds them by step
         return self._alike
 
@@ -348,8 +401,10 @@ class CompiledStage:
         prefill = self.paged_prefill()
         return prefill.new_step() if prefill is not None else None
 
-    def new_session(self) -> StageSession:
-        """A fresh KV state for one conversation."""
+    def new_session(self) -> StageSession | PagedKVSession:
+        """A fresh KV state for one conversation (a block table in the stage's pool with ``kv = "paged"``)."""
+        if self.paged_kv is not None:
+            return self.paged_kv.new_session()
         output = self.graph.outputs[0]
         return StageSession(
             self.compiled.create_infer_request(),
