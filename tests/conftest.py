@@ -11,7 +11,6 @@ import asyncio
 import gc
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from tests.support.leaks import Baseline, TaskLedger, created_here, sweeps_recorded
 
 PROMPTS = [
     "What is the capital of France?",
@@ -198,20 +199,33 @@ class _WatchedLoop(asyncio.SelectorEventLoop):
     tripled the time of the fast tier's decode loops (the stack is only for messages this watch never needs).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: TaskLedger) -> None:
         super().__init__()
         self._debug = True
         self.slow_callback_duration = BLOCKED_LOOP_SECONDS
+        self._ledger = ledger
+        ledger.note_loop(self)
 
     def get_debug(self) -> bool:
         return False
 
+    def create_task(self, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        # where each task was made, for the leak guard's message: one frame walk, where debug mode would keep
+        # a whole stack for every task
+        task = super().create_task(coro, **kwargs)
+        self._ledger.note_task(task, created_here())
+        return task
+
 
 class _WatchedLoopPolicy(asyncio.DefaultEventLoopPolicy):
-    """Every new event loop is a ``_WatchedLoop``."""
+    """Every new event loop is a ``_WatchedLoop`` whose tasks go in ``ledger``."""
+
+    def __init__(self, ledger: TaskLedger) -> None:
+        super().__init__()
+        self._ledger = ledger
 
     def new_event_loop(self) -> asyncio.AbstractEventLoop:
-        return _WatchedLoop()
+        return _WatchedLoop(self._ledger)
 
 
 class _SlowStepRecorder(logging.Handler):
@@ -242,27 +256,27 @@ class _CollectionTimer:
 
 @pytest.fixture(autouse=True)
 def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail a test whose event loop was blocked (a blocking call on it) or that leaked a thread.
+    """Fail a test whose event loop was blocked (a blocking call on it) or that left something running: an
+    asyncio task, a thread, an open file descriptor (``tests/support/leaks.py``).
 
-    As python-zeroconf's fixtures do: blocking calls belong in an executor, and a test must stop every
-    thread it starts. Threads are checked in the fast tier only, where every thread is ours: in the slow
-    tier, exports and tokenizers (transformers, torch) keep idle worker pools of their own.
+    As python-zeroconf's fixtures do, in every tier: blocking calls belong in an executor, and a test must
+    stop every task and thread it starts and close what it opens.
     """
-    check_threads = request.node.get_closest_marker("slow") is None
+    fast = request.node.get_closest_marker("slow") is None
     recorder = _SlowStepRecorder()
     asyncio_log = logging.getLogger("asyncio")
     asyncio_log.addHandler(recorder)
     previous = asyncio.get_event_loop_policy()
-    asyncio.set_event_loop_policy(_WatchedLoopPolicy())
-    before = set(threading.enumerate())
+    baseline = Baseline.take()
+    asyncio.set_event_loop_policy(_WatchedLoopPolicy(baseline.ledger))
     # A full garbage collection of everything earlier tests left can take longer than the threshold, and
     # it lands in whatever loop step allocates at that moment: in the quick tiers, collect between tests
     # (the slow tier's tests hold models whose cycles must be freed as they go, so there the collector runs,
     # but over this test's objects only: what the suite built before it is frozen out of the collector's
     # scans (the likely cause of two 1.1-1.2 s steps inside a Textual app's start, seen only in CI's full
     # run), and is unfrozen when the test ends)
-    paused_gc = check_threads and gc.isenabled()
-    frozen_gc = not check_threads
+    paused_gc = fast and gc.isenabled()
+    frozen_gc = not fast
     if paused_gc:
         gc.disable()
     if frozen_gc:
@@ -270,7 +284,8 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
     collections = _CollectionTimer()
     gc.callbacks.append(collections)
     try:
-        yield
+        with sweeps_recorded(baseline.ledger):
+            yield
     finally:
         if paused_gc:
             gc.enable()
@@ -279,20 +294,13 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
         gc.callbacks.remove(collections)
         asyncio.set_event_loop_policy(previous)
         asyncio_log.removeHandler(recorder)
-    deadline = time.monotonic() + 2.0
-    leaked = (
-        [t for t in threading.enumerate() if t not in before and not t.daemon and t.is_alive()] if check_threads else []
-    )
-    while leaked and time.monotonic() < deadline:
-        time.sleep(0.05)
-        leaked = [t for t in leaked if t.is_alive()]
     problems = []
     if recorder.slow:
         problems.append(
             f"the event loop was blocked: {recorder.slow[0]} ({collections.longest_s:.3f} s was the "
             "test's longest garbage collection)"
         )
-    if leaked:
-        problems.append(f"threads left running: {', '.join(t.name for t in leaked)}")
+    if fast:  # the slow tier's leaks are being fixed: on there too once it runs clean
+        problems.extend(baseline.leaks())
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)

@@ -61,8 +61,11 @@ class MessageView(Vertical):
         self.failed = failed
         self.note = note
 
-    def on_unmount(self) -> None:
-        self._gone = True  # a stream still open idles until the app ends: it has nothing left to render
+    async def on_unmount(self) -> None:
+        self._gone = True
+        if self._stream is not None:  # left open, its task would idle, holding this view, until the app ended
+            stream, self._stream = self._stream, None
+            await stream.stop()
 
     def watch_note(self, note: str) -> None:
         self._note.update(note)

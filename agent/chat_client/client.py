@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from agent.chat_client.endpoint import ChatEndpoint
 from agent.chat_client.protocol import MAX_LINE_BYTES, ChatEvent, ChatRequest
 
 
-async def ask(endpoint: ChatEndpoint, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+async def ask(endpoint: ChatEndpoint, request: ChatRequest) -> AsyncGenerator[ChatEvent, None]:
     """The events of one answer, ending with ``done`` or ``error``. Leaving the loop early (or
     cancelling) closes the connection, which cancels the answer on the agent."""
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import sys
 import time
@@ -144,21 +145,24 @@ async def stream_chat(endpoint: ChatEndpoint, request: ChatRequest, out: TextIO 
     the terminal (``shoal: interrupted``) starts a line of its own."""
     mid_line = False
     try:
-        async for event in ask(endpoint, request):
-            if event.event == "token":
-                out.write(event.text)
-                out.flush()
-                mid_line = not event.text.endswith("\n") if event.text else mid_line
-            elif event.event == "error":
-                raise ChatAnswerError(f"{event.code}: {_in_cli_terms(event)}")
-            elif event.event == "progress":
-                if event.stats["seconds"] >= PROGRESS_AFTER_SECONDS:  # a short prompt goes in without a word
-                    print(f"[{progress_line(event)}]", file=sys.stderr, flush=True)
-            else:
-                out.write(event.text + "\n")  # the end of the text, held back while it might have begun a stop
-                out.flush()
-                return event
-        raise ChatAnswerError("the answer ended without a done event")  # ask() always ends in done or error
+        # closed on the way out, returning or raising mid-answer: left to the collector, the generator would
+        # hold the connection until the loop's finalizer hook ran its aclose()
+        async with contextlib.aclosing(ask(endpoint, request)) as events:
+            async for event in events:
+                if event.event == "token":
+                    out.write(event.text)
+                    out.flush()
+                    mid_line = not event.text.endswith("\n") if event.text else mid_line
+                elif event.event == "error":
+                    raise ChatAnswerError(f"{event.code}: {_in_cli_terms(event)}")
+                elif event.event == "progress":
+                    if event.stats["seconds"] >= PROGRESS_AFTER_SECONDS:  # a short prompt goes in without a word
+                        print(f"[{progress_line(event)}]", file=sys.stderr, flush=True)
+                else:
+                    out.write(event.text + "\n")  # the end of the text, held back while it might have begun a stop
+                    out.flush()
+                    return event
+            raise ChatAnswerError("the answer ended without a done event")  # ask() always ends in done or error
     except BaseException:  # Ctrl-C reaches here as the task's cancellation
         if mid_line:
             out.write("\n")

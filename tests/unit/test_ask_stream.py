@@ -12,6 +12,7 @@ from agent.chat_client.endpoint import ChatEndpoint
 from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.cli.ask_cmd import stream_chat
 from agent.errors import ShoalError
+from tests.support.stream_server import serving
 
 ANSWER = [
     ChatEvent.progress(512, 1536, 0.4),
@@ -31,11 +32,9 @@ def test_progress_goes_to_stderr_and_the_answer_to_stdout(capsys: pytest.Capture
             await writer.drain()
             writer.close()
 
-        server = await asyncio.start_server(agent, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        endpoint = ChatEndpoint.new("127.0.0.1", port)
         out = io.StringIO()
-        async with server:
+        async with serving(agent) as port:
+            endpoint = ChatEndpoint.new("127.0.0.1", port)
             done = await stream_chat(endpoint, ChatRequest(token=endpoint.token, messages=(("user", "hi"),)), out)
         assert out.getvalue() == "Summary.\n"
         return done
@@ -74,10 +73,9 @@ def test_an_answer_cut_short_ends_its_line(cut: str) -> None:
                 await asyncio.sleep(30)
             writer.close()
 
-        server = await asyncio.start_server(agent, "127.0.0.1", 0)
-        endpoint = ChatEndpoint.new("127.0.0.1", server.sockets[0].getsockname()[1])
         out = _Watched()
-        async with server:
+        async with serving(agent) as port:
+            endpoint = ChatEndpoint.new("127.0.0.1", port)
             request = ChatRequest(token=endpoint.token, messages=(("user", "hi"),))
             answering = asyncio.ensure_future(stream_chat(endpoint, request, out))
             if cut == "ctrl-c":

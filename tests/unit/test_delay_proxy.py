@@ -10,16 +10,14 @@ import time
 import pytest
 
 from tests.support.delay_proxy import DelayProxy, parse_hostport
+from tests.support.stream_server import serving
 
 
-async def _echo_server() -> asyncio.Server:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.close()  # the client's end of stream is answered with ours
-
-    return await asyncio.start_server(echo, "127.0.0.1", 0)
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    writer.close()  # the client's end of stream is answered with ours
 
 
 async def _read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
@@ -28,8 +26,7 @@ async def _read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
 
 def test_round_trip_gets_the_delay_once_per_direction() -> None:
     async def main() -> tuple[float, float]:
-        server = await _echo_server()
-        async with DelayProxy(server.sockets[0].getsockname()[:2], delay=0.05) as proxy:
+        async with serving(_echo) as port, DelayProxy(("127.0.0.1", port), delay=0.05) as proxy:
             reader, writer = await asyncio.open_connection(*proxy.address)
             times = []
             for _ in range(2):
@@ -39,7 +36,6 @@ def test_round_trip_gets_the_delay_once_per_direction() -> None:
                 assert await _read_exactly(reader, 4) == b"ping"
                 times.append(time.perf_counter() - start)
             writer.close()
-        server.close()
         return times[0], times[1]
 
     for rtt in asyncio.run(main()):
@@ -50,8 +46,7 @@ def test_chunks_are_in_flight_together_and_keep_their_order() -> None:
     """Twenty chunks sent 5 ms apart through a 100 ms proxy: ~0.1 s + 0.2 s, not 20 x 0.2 s."""
 
     async def main() -> tuple[bytes, float]:
-        server = await _echo_server()
-        async with DelayProxy(server.sockets[0].getsockname()[:2], delay=0.1) as proxy:
+        async with serving(_echo) as port, DelayProxy(("127.0.0.1", port), delay=0.1) as proxy:
             reader, writer = await asyncio.open_connection(*proxy.address)
             start = time.perf_counter()
             sent = b""
@@ -65,7 +60,6 @@ def test_chunks_are_in_flight_together_and_keep_their_order() -> None:
             elapsed = time.perf_counter() - start
             writer.close()
             assert received == sent
-        server.close()
         return received, elapsed
 
     _, elapsed = asyncio.run(main())
@@ -74,8 +68,7 @@ def test_chunks_are_in_flight_together_and_keep_their_order() -> None:
 
 def test_delay_changes_in_place_and_order_survives_a_shorter_delay() -> None:
     async def main() -> tuple[float, float, bytes]:
-        server = await _echo_server()
-        async with DelayProxy(server.sockets[0].getsockname()[:2], delay=0.0) as proxy:
+        async with serving(_echo) as port, DelayProxy(("127.0.0.1", port), delay=0.0) as proxy:
             reader, writer = await asyncio.open_connection(*proxy.address)
             start = time.perf_counter()
             writer.write(b"a")
@@ -95,7 +88,6 @@ def test_delay_changes_in_place_and_order_survives_a_shorter_delay() -> None:
             writer.write(b"d")
             ordered = await _read_exactly(reader, 2)
             writer.close()
-        server.close()
         return fast, slow, ordered
 
     fast, slow, ordered = asyncio.run(main())
@@ -106,16 +98,13 @@ def test_delay_changes_in_place_and_order_survives_a_shorter_delay() -> None:
 
 def test_end_of_stream_passes_through_and_an_unreachable_target_drops_the_client() -> None:
     async def main() -> tuple[bytes, bytes]:
-        server = await _echo_server()
-        async with DelayProxy(server.sockets[0].getsockname()[:2], delay=0.01) as proxy:
+        async with serving(_echo) as port, DelayProxy(("127.0.0.1", port), delay=0.01) as proxy:
             reader, writer = await asyncio.open_connection(*proxy.address)
             writer.write(b"bye")
             writer.write_eof()
             echoed = await asyncio.wait_for(reader.read(), 5.0)  # until the server's end of stream
             writer.close()
-        server.close()
         # nothing listens at the target any more: the proxy closes the client's connection
-        port = server.sockets[0].getsockname()[1] if server.sockets else 1
         async with DelayProxy(("127.0.0.1", port), delay=0.0) as dead:
             reader, writer = await asyncio.open_connection(*dead.address)
             try:
@@ -141,7 +130,7 @@ def test_negative_delay_and_bad_addresses_are_refused() -> None:
 
 def test_command_line_adds_forwarders_and_sets_the_delay() -> None:
     async def serve() -> asyncio.Server:
-        return await _echo_server()
+        return await asyncio.start_server(_echo, "127.0.0.1", 0)
 
     loop = asyncio.new_event_loop()
     try:
@@ -190,5 +179,7 @@ def test_command_line_adds_forwarders_and_sets_the_delay() -> None:
                 proc.kill()
                 proc.wait()
         server.close()
+        # the echo handler ends with the connection of the proxy, which has quit
+        loop.run_until_complete(asyncio.wait_for(asyncio.gather(*asyncio.all_tasks(loop)), 5.0))
     finally:
         loop.close()

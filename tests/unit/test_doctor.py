@@ -13,6 +13,7 @@ import agent.cli.doctor_cmd as doctor_cmd
 from agent.fleet import init_fleet, issue_node
 from agent.transport.tls import server_context
 from discovery.doctor import check_members
+from tests.support.stream_server import serving
 
 DAYS_2 = 2 * 86400.0
 BEHIND = "pc3's clock is 2 days behind this PC's (pc1): pc1's certificate is not yet valid by it; set pc3's clock (NTP)"
@@ -73,14 +74,11 @@ def test_doctor_moves_on_from_an_agent_that_completes_its_handshake_and_never_an
         async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await asyncio.sleep(30)
 
-        server = await asyncio.start_server(silent, "127.0.0.1", 0, ssl=server_context(me))
-        port = server.sockets[0].getsockname()[1]
-        start = time.monotonic()
-        try:
+        async with serving(silent, ssl=server_context(me)) as port:
+            start = time.monotonic()
             findings = await doctor_cmd.diagnose(me, f"127.0.0.1:{port}", 0.1)
-        finally:
-            server.close()
-        return time.monotonic() - start, findings
+            took = time.monotonic() - start
+        return took, findings
 
     took, findings = asyncio.run(main())
     agent = next(f for f in findings if f.check == "agent")

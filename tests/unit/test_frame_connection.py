@@ -16,6 +16,7 @@ from agent.transport.connection import FrameConnection, dial
 from agent.transport.tls import client_context, server_context
 from agent.wire import Frame, FrameType, encode_frame
 from tests.integration.ring_lab import free_port
+from tests.support.stream_server import serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,24 +34,21 @@ async def _receive_from(peer: Peer, *, max_payload: int = 1 << 20) -> tuple[list
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await peer(writer)
 
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    connection = FrameConnection(reader, writer, max_payload=max_payload, label="test peer")
     frames: list[Frame] = []
     failure: BaseException | None = None
-    try:
-        while True:
-            frame = await asyncio.wait_for(connection.receive(), 10)
-            frames.append(frame)
-            if frame.type is FrameType.GOODBYE:
-                break
-    except (PeerUnavailableError, RemoteProtocolError) as exc:
-        failure = exc
-    finally:
-        connection.abort()
-        server.close()
-        await server.wait_closed()
+    async with serving(handler) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        connection = FrameConnection(reader, writer, max_payload=max_payload, label="test peer")
+        try:
+            while True:
+                frame = await asyncio.wait_for(connection.receive(), 10)
+                frames.append(frame)
+                if frame.type is FrameType.GOODBYE:
+                    break
+        except (PeerUnavailableError, RemoteProtocolError) as exc:
+            failure = exc
+        finally:
+            connection.abort()
     return frames, failure
 
 

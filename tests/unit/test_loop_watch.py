@@ -29,7 +29,10 @@ def test_offloads_the_blocking_call():
 """
 
 
-def test_blocking_the_loop_or_leaking_a_thread_fails_the_test(pytester: pytest.Pytester) -> None:
+def test_blocking_the_loop_or_leaking_a_thread_fails_the_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[2]))  # the conftest imports tests.support
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_cases=CASES)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

@@ -1,0 +1,225 @@
+"""What a test left behind: asyncio tasks still running, threads, open file descriptors.
+
+``tests/conftest.py:_loop_watch`` takes a ``Baseline`` before every test and asks it afterwards what is new; each
+thing left is named so that its owner can be found: a task by its coroutine, where it waits and where it was
+created, a thread by its name and target, a descriptor by what it points to (a file's path, a socket's ends).
+
+What is legitimately long-lived (made once by the first test that needs it and kept for the session) is allowed
+by name in ``THREAD_ALLOWANCES`` and ``FD_ALLOWANCES``, each with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.runners
+import gc
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+FD_FOLDER = "/proc/self/fd"
+
+THREAD_ALLOWANCES: tuple[tuple[str, str], ...] = (
+    ("^tqdm_monitor$", "tqdm's monitor: started with the first progress bar, it runs to the end of the process"),
+)
+"""(pattern matched against a thread's name, why a thread of that name may outlive the test that started it)."""
+
+FD_ALLOWANCES: tuple[tuple[str, str], ...] = ()
+"""(pattern matched against what a descriptor points to, why it may outlive the test that opened it)."""
+
+SETTLE_SECONDS = 2.0
+"""How long a thread or descriptor may take to go after the test: a worker finishing its last item, a transport
+closed by a callback the loop ran as it closed."""
+
+_ASYNCIO_FOLDER = os.path.dirname(asyncio.__file__)
+
+
+def open_fds() -> dict[int, str]:
+    """This process's open descriptors and what each points to (``readlink`` of ``/proc/self/fd/N``)."""
+    fds = {}
+    for name in os.listdir(FD_FOLDER):
+        try:
+            fds[int(name)] = os.readlink(f"{FD_FOLDER}/{name}")
+        except FileNotFoundError:  # the listing's own descriptor, closed by now
+            continue
+    return fds
+
+
+def describe_fd(fd: int, target: str) -> str:
+    """``fd 12 -> /tmp/x`` or, for a socket, its family, type and ends (read through a duplicate of it)."""
+    if not target.startswith("socket:"):
+        return f"fd {fd} -> {target}"
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return f"fd {fd} -> {target}"
+    with sock:
+        ends = [_address(sock.getsockname)]
+        peer = _address(sock.getpeername)
+        if peer != "?":  # not listening or unconnected
+            ends.append(peer)
+        return f"fd {fd} -> {target} {sock.family.name} {sock.type.name} {' -> '.join(ends)}"
+
+
+def _address(get: Callable[[], Any]) -> str:
+    try:
+        address = get()
+    except OSError:
+        return "?"
+    if isinstance(address, tuple):
+        return f"{address[0]}:{address[1]}"
+    return repr(address) if address else "(unnamed)"
+
+
+def describe_thread(thread: threading.Thread) -> str:
+    """The thread's name, what it runs and whether it is a daemon."""
+    target = getattr(thread, "_target", None)  # Thread keeps it until run() returns
+    runs = getattr(target, "__qualname__", None) or type(thread).__qualname__
+    module = getattr(target, "__module__", None) or type(thread).__module__
+    return f"{thread.name} ({module}.{runs}{', daemon' if thread.daemon else ''})"
+
+
+def created_here(depth: int = 2) -> str:
+    """Where the code that asked for a task is (``depth`` frames up: the caller of the function that calls
+    this), past asyncio's own frames: ``file:line in function``, or asyncio's line for a task that a loop
+    callback made (a stream server's connection handler)."""
+    frame = first = sys._getframe(depth)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_ASYNCIO_FOLDER):
+        if frame.f_code.co_name == "_run":  # events.Handle._run: a callback the loop ran, not code that awaited
+            return f"{_place(first)} (a loop callback)"
+        frame = frame.f_back
+    return _place(frame)
+
+
+def _place(frame: FrameType) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+def describe_task(task: asyncio.Task[Any], created_at: str | None) -> str:
+    """The task's coroutine, the line it waits on and where it was created."""
+    coro = task.get_coro()
+    name = getattr(coro, "__qualname__", None) or repr(coro)
+    stack = task.get_stack()
+    waits = f", waiting at {stack[-1].f_code.co_filename}:{stack[-1].f_lineno}" if stack else ""
+    return f"{name}{waits}, created at {created_at or 'an unknown place'}"
+
+
+@dataclass
+class TaskLedger:
+    """The event loops made during a test, where each of their tasks was created, and the tasks that
+    ``asyncio.run`` found still running when the test's coroutine returned (it cancels them without a word)."""
+
+    loops: list[asyncio.AbstractEventLoop] = field(default_factory=list)
+    """Held until the guard looks: a loop left open would otherwise go with the garbage, unseen."""
+    created_at: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = field(default_factory=weakref.WeakKeyDictionary)
+    swept: list[str] = field(default_factory=list)
+
+    def note_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loops.append(loop)
+
+    def note_task(self, task: asyncio.Task[Any], created_at: str) -> None:
+        self.created_at[task] = created_at
+
+    def sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Record the tasks still running on ``loop`` as leaked (called as ``asyncio.run`` starts cancelling them)."""
+        for task in asyncio.all_tasks(loop):
+            if not task.done():
+                self.swept.append(f"{describe_task(task, self.created_at.get(task))} (cancelled by asyncio.run)")
+
+    def left_running(self) -> list[str]:
+        """Every task left running: those ``asyncio.run`` swept, and those on loops still open or closed with
+        tasks pending on them."""
+        left = list(self.swept)
+        for loop in self.loops:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            left.extend(describe_task(t, self.created_at.get(t)) for t in pending)
+            if not loop.is_closed():
+                left.append(f"event loop {loop!r} left open")
+        return left
+
+
+@contextmanager
+def sweeps_recorded(ledger: TaskLedger) -> Iterator[None]:
+    """While inside, ``asyncio.run`` (``asyncio.Runner.close``) tells ``ledger`` what it is about to cancel.
+
+    asyncio has no public hook there: ``Runner.close`` calls the module function ``_cancel_all_tasks`` (3.11 to
+    3.13), so that is what is wrapped; without it a task a test forgot would be cancelled unseen.
+    """
+    original: Callable[[asyncio.AbstractEventLoop], None] = asyncio.runners._cancel_all_tasks  # type: ignore[attr-defined]
+
+    def cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
+        ledger.sweep(loop)
+        original(loop)
+
+    asyncio.runners._cancel_all_tasks = cancel_all_tasks  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        asyncio.runners._cancel_all_tasks = original  # type: ignore[attr-defined]
+
+
+def _allowed(allowances: tuple[tuple[str, str], ...], text: str) -> bool:
+    return any(re.search(pattern, text) for pattern, _ in allowances)
+
+
+@dataclass
+class Baseline:
+    """The threads and descriptors open before a test, and the ledger of its tasks."""
+
+    threads: frozenset[threading.Thread]
+    fds: frozenset[tuple[int, str]]
+    ledger: TaskLedger = field(default_factory=TaskLedger)
+
+    @classmethod
+    def take(cls) -> Baseline:
+        return cls(frozenset(threading.enumerate()), frozenset(open_fds().items()))
+
+    def new_threads(self) -> list[threading.Thread]:
+        return [
+            t
+            for t in threading.enumerate()
+            if t not in self.threads and t.is_alive() and not _allowed(THREAD_ALLOWANCES, t.name)
+        ]
+
+    def new_fds(self) -> dict[int, str]:
+        return {
+            fd: target
+            for fd, target in open_fds().items()
+            if (fd, target) not in self.fds and not _allowed(FD_ALLOWANCES, target)
+        }
+
+    def leaks(self, threads: bool = True, settle_s: float = SETTLE_SECONDS) -> list[str]:
+        """What the test left: one line per kind (tasks, threads, descriptors), empty when it left nothing.
+
+        Threads and descriptors get ``settle_s`` to go; descriptors still open then get one garbage collection
+        (an unclosed socket in a reference cycle is the collector's to close, and its ``ResourceWarning`` says
+        so), and only what outlives that counts.
+        """
+        tasks = self.ledger.left_running()  # before any collection below takes a loop left open
+        deadline = time.monotonic() + settle_s
+        left_threads = self.new_threads() if threads else []
+        left_fds = self.new_fds()
+        while (left_threads or left_fds) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left_threads = [t for t in left_threads if t.is_alive()]
+            left_fds = self.new_fds()
+        if left_fds:
+            gc.collect()
+            left_fds = self.new_fds()
+        problems = []
+        if tasks:
+            problems.append(f"asyncio tasks left running: {'; '.join(tasks)}")
+        if left_threads:
+            problems.append(f"threads left running: {', '.join(describe_thread(t) for t in left_threads)}")
+        if left_fds:
+            problems.append(f"file descriptors left open: {', '.join(describe_fd(*item) for item in left_fds.items())}")
+        return problems
