@@ -70,6 +70,8 @@ class FaultRecord:
     one_plan_s: float | None = None
     note: str = ""
     plan_hash: str | None = None
+    covered: bool = False
+    """Whether a standby stood by for the target's stage when the fault came (answers lost count only there)."""
 
     def to_json(self) -> dict[str, Any]:
         return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -101,17 +103,18 @@ class Chaos:
     async def _inject(self, fault: Fault) -> FaultRecord:
         fleet = self.fleet
         if fault.kind == "revoke":
-            record = FaultRecord("revoke", SPARE, self.clock())
+            record = FaultRecord("revoke", SPARE, self.clock(), covered=True)  # the spare holds no stage
             await fleet.revoke(SPARE)
             await asyncio.to_thread(fleet.stop, SPARE)  # refused by every peer now: it has nothing left to do
         elif fault.kind == "coordinator":
             target = str((await fleet.plan()).get("coordinator"))
-            record = FaultRecord("coordinator", target, self.clock())
+            record = FaultRecord("coordinator", target, self.clock(), covered=await fleet.standing_by() == target)
             await asyncio.to_thread(fleet.stop, target)
             await asyncio.to_thread(fleet.start, target, seed=HEAD)
         else:
-            target = await fleet.standing_by() or _pick(await fleet.stage_holders())
-            record = FaultRecord(fault.kind, target, self.clock(), note=f"hold {fault.hold:g} s")
+            covered = await fleet.standing_by()
+            target = covered or _pick(await fleet.stage_holders())
+            record = FaultRecord(fault.kind, target, self.clock(), note=f"hold {fault.hold:g} s", covered=bool(covered))
             if fault.kind == "kill":
                 await asyncio.to_thread(fleet.kill, target)
                 await asyncio.sleep(fault.hold)

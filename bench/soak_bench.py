@@ -531,10 +531,14 @@ def _chaos_report(faults: list[Any], outcomes: list[Outcome]) -> dict[str, Any]:
     """Faults, and the answers they touched: in flight between a fault's injection and its fleet's one plan."""
     rows = [f.to_json() for f in faults]
     affected: set[int] = set()
+    covered: set[int] = set()
     for fault in faults:
         until = fault.ended + (fault.one_plan_s or 0.0)
-        affected |= {o.index for o in outcomes if o.started <= until and o.ended >= fault.injected}
-    lost = [o.index for o in outcomes if o.index in affected and o.status in ("error", "hung", "unclear")]
+        hit = {o.index for o in outcomes if o.started <= until and o.ended >= fault.injected}
+        affected |= hit
+        covered |= hit if fault.covered else set()
+    failed = {o.index for o in outcomes if o.status in ("error", "hung", "unclear")}
+    lost = sorted(covered & failed)
     touched = [o for o in outcomes if o.index in affected]
     return {
         "faults": rows,
@@ -543,6 +547,7 @@ def _chaos_report(faults: list[Any], outcomes: list[Outcome]) -> dict[str, Any]:
         "answers_affected": len(affected),
         "answers_lost": len(lost),
         "lost": lost,
+        "answers_failed_uncovered": len((affected - covered) & failed),
         "longest_pause_affected_s": round(max((g for o in touched for g in o.gaps), default=0.0), 2),
         "one_plan_s_max": max((f.one_plan_s or 0.0 for f in faults), default=None),
         "one_plan_missed": sum(f.one_plan_s is None for f in faults),
@@ -577,7 +582,8 @@ def _goals(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
         chaos = report["chaos"]
         goals["0 answers lost where a standby existed"] = {
             "pass": chaos["answers_lost"] == 0,
-            "figure": f"{chaos['answers_lost']} of {chaos['answers_affected']} affected",
+            "figure": f"{chaos['answers_lost']} of {chaos['answers_affected']} affected "
+            f"({chaos['answers_failed_uncovered']} failed clearly where no standby stood by)",
         }
         goals["one plan after every fault"] = {
             "pass": chaos["one_plan_missed"] == 0,
@@ -619,14 +625,16 @@ def markdown(report: dict[str, Any]) -> str:
         c = report["chaos"]
         lines += [
             "",
-            f"Faults injected: {c['injected']}; answers affected {c['answers_affected']}, lost {c['answers_lost']}; "
+            f"Faults injected: {c['injected']}; answers affected {c['answers_affected']}, lost {c['answers_lost']} "
+            f"where a standby stood by, failed with a clear error {c['answers_failed_uncovered']} where none did; "
             f"longest pause a user saw {report['longest_pause_s']} s; not on loopback: "
             + "; ".join(c["not_injected_on_loopback"]),
             "",
-            "| fault | target | held | to one plan s | note |",
-            "|---|---|---|---|---|",
+            "| fault | target | standby | held | to one plan s | note |",
+            "|---|---|---|---|---|---|",
         ]
         for f in c["faults"]:
             held = round(f["ended"] - f["injected"], 1)
-            lines.append(f"| {f['kind']} | {f['target']} | {held} s | {f['one_plan_s']} | {f['note']} |")
+            standby = "yes" if f["covered"] else "no"
+            lines.append(f"| {f['kind']} | {f['target']} | {standby} | {held} s | {f['one_plan_s']} | {f['note']} |")
     return "\n".join(lines) + "\n"
