@@ -37,6 +37,8 @@ CLIENT_WEIGHTS = (4, 3, 2, 1)
 """``shoal ask`` is a process per request (Python's start costs a second of CPU here): a smaller share."""
 CANCELLABLE = ("chat", "openai-stream")
 """Clients that read an answer token by token, so they can close the connection mid-answer."""
+CANCEL_SCALE = sum(CLIENT_WEIGHTS) / sum(w for c, w in zip(CLIENTS, CLIENT_WEIGHTS, strict=True) if c in CANCELLABLE)
+"""Only these clients cancel: each of their requests is cancelled this much more often than the share asked."""
 NOTES = (
     "the ring of office computers keeps a model in stages and each stage runs on a desk that is idle "
     "while its owner is away a head sends prompts through the stages and reads the tokens back the fleet "
@@ -201,7 +203,7 @@ def plan_requests(rng: random.Random, settings: SoakSettings, pool: list[str], p
         text = pool[which] if greedy else prompt(rng.randint(8, settings.max_prompt))
         max_tokens = rng.randint(1, settings.max_answer)
         cancel = None
-        if client in CANCELLABLE and max_tokens > 2 and rng.random() < settings.cancel_share * len(CLIENTS) / 2:
+        if client in CANCELLABLE and max_tokens > 2 and rng.random() < settings.cancel_share * CANCEL_SCALE:
             cancel = rng.randint(1, max_tokens - 1)
         made.append(
             SoakRequest(index, client, text, which, max_tokens, 0.0 if greedy else 0.8, rng.randrange(1 << 31), cancel)
@@ -234,10 +236,15 @@ class _Soak:
 
         from bench.chaos import Chaos, schedule
 
-        self.openai = openai.AsyncOpenAI(
-            base_url=self.endpoint.http, api_key=self.endpoint.token, max_retries=0, timeout=self.settings.deadline
+        # the client's first use builds its SSL context and response types: seconds of CPU, off the loop
+        self.model = await asyncio.to_thread(_first_model, self.endpoint.http, self.endpoint.token)
+        self.openai = await asyncio.to_thread(
+            openai.AsyncOpenAI,
+            base_url=self.endpoint.http,
+            api_key=self.endpoint.token,
+            max_retries=0,
+            timeout=self.settings.deadline,
         )
-        self.model = (await self.openai.models.list()).data[0].id
         warm_began = time.monotonic()
         for prompt in self.pool:  # the warm-up: each pool prompt's undisturbed greedy answer
             outcome = await self._chat(SoakRequest(-1, "chat", prompt, -1, self.settings.max_answer, 0.0, 0, None))
@@ -284,6 +291,8 @@ class _Soak:
                 tokens, text = self.references[request.pool].expected(request.max_tokens)
                 got_text = outcome.text if request.client != "ask" else outcome.text.rstrip("\n")
                 outcome.matches = outcome.tokens == tokens if request.client == "chat" else got_text == text
+                if not outcome.matches:
+                    outcome.detail = f"expected {text!r}, got {got_text!r} (tokens {outcome.tokens or '-'})"[:800]
             self.outcomes.append(outcome)
             if len(self.outcomes) % 25 == 0:
                 done = {s: sum(o.status == s for o in self.outcomes) for s in ("whole", "cancelled", "error", "hung")}
@@ -468,6 +477,7 @@ class _Soak:
             "sessions_left": left,
             "agents": series,
             "errors": sorted({o.detail for o in outcomes if o.status in ("error", "unclear", "hung")})[:20],
+            "mismatches": [o.summary() for o in outcomes if o.matches is False][:20],
             "by_client": {
                 c: {s: sum(o.status == s for o in outcomes if o.client == c) for s in counts} for c in CLIENTS
             },
@@ -477,6 +487,15 @@ class _Soak:
         report["goals"] = _goals(report)
         report["outcome_rows"] = [o.summary() for o in outcomes]
         return report
+
+
+def _first_model(base_url: str, token: str) -> str:
+    """The model the head's OpenAI API serves, asked once with the synchronous client (which also imports and
+    builds the response types the soak's asynchronous client then uses)."""
+    import openai
+
+    with openai.OpenAI(base_url=base_url, api_key=token, max_retries=0, timeout=60) as client:
+        return client.models.list().data[0].id
 
 
 def _held(status: dict[str, Any] | None) -> int:
