@@ -13,7 +13,9 @@ from agent.donor.policy import DonorSettings
 from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
+from agent.node.packer import DEFAULT_BUDGET, PackPolicy
 from agent.runtime.config import KNOWN_DEVICES, PRECISIONS, PREFILL_ATTENTIONS, REWINDS, RuntimeConfig
+from agent.runtime.repeatable import ALIKE_MIN_PROMPT
 from agent.transport.heartbeat import Liveness
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
 
@@ -76,6 +78,13 @@ class AgentConfig:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     """Positions per chunk of a long prompt that this agent's chats pipeline through the ring (0: a prompt
     is one step; ``agent.head.prefill``)."""
+    pack_budget: int = DEFAULT_BUDGET
+    """Rows per packed inference of this agent's stages: the ready steps of several sessions go through them
+    together, decode rows first, then prompt chunks of this many positions (``agent.node.packer``); 0: one step
+    at a time, in arrival order (no packing)."""
+    pack_window: float = 0.0
+    """Seconds a stage that sat idle waits after a step arrives for others to pack with it (0: it packs what is
+    queued at once)."""
     peers: tuple[tuple[str, int], ...] = ()
     """Fleet members to dial at start (``--peer``): where multicast does not carry, one is enough."""
     mdns: bool = True
@@ -100,6 +109,11 @@ class AgentConfig:
     def liveness(self) -> Liveness:
         return Liveness(self.heartbeat_interval, self.link_timeout)
 
+    @property
+    def packing(self) -> PackPolicy | None:
+        """How this agent's stages pack the steps of several sessions (None: they do not)."""
+        return PackPolicy(self.pack_budget, self.pack_window) if self.pack_budget else None
+
     def __post_init__(self) -> None:
         if self.export_dir is None:
             if self.stages or self.next is not None or self.ring_first is not None or self.ring_last is not None:
@@ -118,6 +132,10 @@ class AgentConfig:
             raise ConfigError(f"stages must be consecutive indices, not {self.stages}")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions must be at least 1")
+        if self.pack_budget != 0 and self.pack_budget < ALIKE_MIN_PROMPT:
+            raise ConfigError(f"pack_budget must be 0 (no packing) or at least {ALIKE_MIN_PROMPT} rows")
+        if self.pack_window < 0:
+            raise ConfigError("pack_window must be 0 or more seconds")
         if self.wire_dtype not in WIRE_DTYPES:
             raise ConfigError(f"wire_dtype must be one of {WIRE_DTYPES}")
         if self.chat is not None:
@@ -266,6 +284,8 @@ _SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "link_timeout": _seconds,
     "step_timeout": _seconds,
     "prefill_chunk": _whole(0, 65535),
+    "pack_budget": lambda name, value: 0 if value == 0 else _whole(ALIKE_MIN_PROMPT, 65535)(name, value),
+    "pack_window": _seconds,
     "peers": _addresses,
     "mdns": _flag,
     "lost_after": _seconds,
@@ -298,8 +318,8 @@ def load_agent_config(
     Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
     device, threads, precision, fast_prefill, prefill_attention, rewind, cache_dir, max_sessions, max_payload,
     wire_dtype, verify, chat, http, metrics, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep,
-    chat_keep_max,
-    heartbeat_interval, link_timeout, step_timeout, prefill_chunk, peers (list of ``HOST:PORT``), mdns,
+    chat_keep_max, heartbeat_interval, link_timeout, step_timeout, prefill_chunk, pack_budget, pack_window,
+    peers (list of ``HOST:PORT``), mdns,
     lost_after, shards_dir, offer_mb, speed, donor (true, or a table: ``agent.donor.policy.DonorSettings``).
     """
     values: dict[str, Any] = {}

@@ -13,24 +13,26 @@ next stages freed of it, so an idle conversation never turns another user away a
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
-from agent.errors import PeerUnavailableError, ProtocolError, RemoteProtocolError, ShoalError
+from agent.errors import FleetBusyError, PeerUnavailableError, ProtocolError, RemoteProtocolError, ShoalError
 from agent.node.config import AgentConfig
 from agent.node.facts import resident_mb
+from agent.node.packer import Pack, ReadyStep, Slice, Turns, Wait, plan
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
-from agent.runtime.pipeline import run_stages
+from agent.runtime.packed import PackedStep, packs_alike, run_packed
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.readout import read_out
@@ -45,6 +47,7 @@ from agent.wire.result import result_frame
 from shards.manifest import Manifest
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,38 @@ class _Work:
     frame: Frame
     upstream: FrameConnection | None
     """None for frames this agent makes itself (a CLOSE after its upstream vanished)."""
+
+
+@dataclass
+class _Running:
+    """A checked step being computed: in one pack, or a prompt's chunks in several."""
+
+    work: _Work
+    state: SessionState
+    inputs: np.ndarray
+    ready: ReadyStep
+    """What the packer sees of it (its ``done`` positions advance chunk by chunk)."""
+    flags: StepFlags
+    """The frame's flags and the marks its slices earned (``StepFlags.UNREPEATABLE``, ``UNSETTLED``)."""
+    hidden: list[np.ndarray] = field(default_factory=list)
+    """A middle stage's outputs of the chunks done."""
+    seconds: float = 0.0
+    """The compute time of the packs it was in."""
+
+    @property
+    def last_only(self) -> bool:
+        return bool(self.work.frame.flags & (StepFlags.PART | StepFlags.LAST_ONLY))
+
+    def piece(self, piece: Slice) -> PackedStep:
+        """The slice ``piece`` of this step, for ``run_packed``: its positions go on from those done."""
+        frame = self.work.frame
+        return PackedStep(
+            self.state.stages,
+            self.inputs[:, piece.start : piece.start + piece.rows],
+            frame.position + piece.start,
+            rewind=frame.rewind if piece.start == 0 else 0,
+            last_only=self.last_only,
+        )
 
 
 class StageServer:
@@ -78,6 +113,15 @@ class StageServer:
         self._ring_peers: set[FrameConnection] = set()
         """The connections of heads and stages (not of control links or status clients)."""
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
+        self._pending: collections.deque[_Work] = collections.deque()
+        """Frames taken from the queue and not handled yet: each waits behind its session's step being computed."""
+        self._running: dict[int, _Running] = {}
+        """The checked steps to compute, one per session (a session's next step waits until its last is sent)."""
+        self._turns = Turns()
+        self._idle_since: float | None = None
+        self.packs = 0
+        self.packed_steps = 0
+        """Packed inferences run, and the session steps (or prompt chunks) they held together."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{node}")
         self._listener: Listener | None = None
         self._tasks = OwnedTasks()
@@ -288,29 +332,82 @@ class StageServer:
             else:
                 raise RemoteProtocolError(f"unexpected {kind.name} frame from upstream")
 
-    # -- the worker: one frame at a time, in arrival order ------------------------------------
+    # -- the worker: each session's frames in order, the ready steps of several sessions packed -----------
     async def _work(self) -> None:
         while True:
-            # a call per frame, so that nothing of a frame outlives its handling here: a loop variable would keep
-            # the last frame's upstream connection, dropped meanwhile, alive with its TLS buffer until the next frame
-            await self._handle(await self._queue.get())
+            # a call per round, so that nothing of a frame outlives its handling here: a loop variable would keep
+            # the last frame's upstream connection, dropped meanwhile, alive with its TLS buffer until the next one
+            await self._round()
 
-    async def _handle(self, work: _Work) -> None:
-        frame = work.frame
-        try:
-            if frame.type is FrameType.OPEN:
-                await self._open(frame, work.upstream)
-            elif frame.type is FrameType.STEP:
-                await self._step(frame, work.upstream)
-            elif frame.type is FrameType.PARK:
-                await self._park(frame)
+    async def _round(self) -> None:
+        """Take what is queued (waiting for a frame when nothing is), handle each session's first frame, then
+        compute one pack of the ready steps (or wait the gathering window)."""
+        if not self._pending and not self._running:
+            self._pending.append(await self._queue.get())
+        while not self._queue.empty():
+            self._pending.append(self._queue.get_nowait())
+        await self._admit()
+        ready = [step.ready for step in self._running.values()]
+        if not ready:
+            return
+        policy = self.config.packing
+        if policy is None:  # no packing: the step that came first, whole
+            first = min(ready, key=lambda r: r.arrived)
+            decision: Pack | Wait | None = Pack((Slice(first.session, 0, first.count, last=True),))
+        else:
+            idle = self._idle_since if not self._queue.qsize() else None
+            decision = plan(ready, self._clock(), idle, policy, self._turns)
+        if isinstance(decision, Wait):
+            await asyncio.sleep(max(0.0, decision.until - self._clock()))
+            self._idle_since = None
+        elif decision is not None:
+            self._idle_since = None
+            await self._run_pack(decision)
+            self._turns = self._turns.after(decision, ready)
+            if not self._running and not self._pending and self._queue.empty():
+                self._idle_since = self._clock()
+
+    async def _admit(self) -> None:
+        """In arrival order, each session's first frame: an OPEN, PARK or CLOSE is handled now; a STEP is checked
+        and joins the steps to compute. A session's later frames wait behind its step being computed."""
+        waiting: collections.deque[_Work] = collections.deque()
+        busy = set(self._running)
+        while self._pending:
+            work = self._pending.popleft()
+            session = work.frame.session
+            if session in busy:
+                waiting.append(work)
+            elif work.frame.type is FrameType.STEP:
+                step = await self._guarded(work, self._admit_step(work))
+                if step is not None:
+                    self._running[session] = step
+                    busy.add(session)
             else:
-                await self._close(frame.session, forward=True)
+                await self._guarded(work, self._control(work))
+        self._pending = waiting
+
+    async def _control(self, work: _Work) -> None:
+        frame = work.frame
+        if frame.type is FrameType.OPEN:
+            await self._open(frame, work.upstream)
+        elif frame.type is FrameType.PARK:
+            await self._park(frame)
+        else:
+            await self._close(frame.session, forward=True)
+
+    async def _guarded(self, work: _Work, action: Awaitable[T]) -> T | None:
+        """``action`` for ``work`` 's session: a failure fails that session only (None then)."""
+        return await self._guard(work.frame.session, work.upstream, action)
+
+    async def _guard(self, session: int, upstream: FrameConnection | None, action: Awaitable[T]) -> T | None:
+        try:
+            return await action
         except _SessionFailure as failure:
-            await self._fail(frame.session, work.upstream, failure.report)
+            await self._fail(session, upstream, failure.report)
         except Exception:  # a bug must not take the agent down for everyone else
-            log.exception("node=%s session=%016x: unexpected failure", self.node, frame.session)
-            await self._fail(frame.session, work.upstream, ErrorReport("stage_failed", "internal error", self.node))
+            log.exception("node=%s session=%016x: unexpected failure", self.node, session)
+            await self._fail(session, upstream, ErrorReport("stage_failed", "internal error", self.node))
+        return None
 
     async def _open(self, frame: Frame, upstream: FrameConnection | None) -> None:
         try:
@@ -356,7 +453,9 @@ class StageServer:
                 raise _SessionFailure("peer_lost", f"{self.node}: {exc}") from exc
             await self._forward(frame)
 
-    async def _step(self, frame: Frame, upstream: FrameConnection | None) -> None:
+    async def _admit_step(self, work: _Work) -> _Running:
+        """Check a step (its session, order, inputs and position) before it joins the steps to compute."""
+        frame = work.frame
         state = self.table.get(frame.session)
         if state is None:
             raise _SessionFailure("unknown_session", f"session {frame.session:016x} is not open on {self.node}")
@@ -372,18 +471,56 @@ class StageServer:
             )
         if self.is_last:
             self._head_of(state.open)  # before computing an answer nobody could be given
+        prompt = bool(frame.flags & (StepFlags.PART | StepFlags.LAST_ONLY))
+        ready = ReadyStep(frame.session, state.open.head_id, frame.count, prompt, self._clock())
+        return _Running(work, state, inputs, ready, frame.flags)
+
+    async def _run_pack(self, pack: Pack) -> None:
+        """Compute ``pack`` in one ``run_packed`` call on the worker thread, then send on each finished step's
+        frame. A session dropped meanwhile (failed downstream, its stage moved) is skipped; a failure to deliver
+        fails that session only; a failure of the computation fails the sessions of the pack (their KV states are
+        unknown)."""
+        batch = [(self._running[piece.session], piece) for piece in pack.slices]
+        for running, _ in batch:
+            if self.table.get(running.state.id) is not running.state:  # gone while it waited for its next chunk
+                del self._running[running.state.id]
+        batch = [(running, piece) for running, piece in batch if running.state.id in self._running]
+        if not batch:
+            return
         loop = asyncio.get_running_loop()
         started = self._clock()
-        cut_before = sum(s.kv_cut_seconds for s in state.stages)
-        output = await loop.run_in_executor(self._executor, self._compute, state, inputs, frame)
+        cut_before = sum(s.kv_cut_seconds for running, _ in batch for s in running.state.stages)
+        try:
+            frames = await loop.run_in_executor(self._executor, self._compute, batch)
+        except Exception as exc:  # OpenVINO's, or a bug: the pack's sessions cannot go on, the others can
+            log.exception("node=%s a pack of %d session(s) failed", self.node, len(batch))
+            for running, _ in batch:
+                del self._running[running.state.id]
+                report = ErrorReport("stage_failed", f"{self.node}: the stage's inference failed: {exc}", self.node)
+                await self._fail(running.state.id, running.work.upstream, report)
+            return
         took = self._clock() - started
         self.compute_seconds += took
-        self.step_times.observe(took)
-        self.kv_cut_seconds += sum(s.kv_cut_seconds for s in state.stages) - cut_before
+        self.kv_cut_seconds += sum(s.kv_cut_seconds for running, _ in batch for s in running.state.stages) - cut_before
+        self.packs += 1
+        self.packed_steps += len(batch)
+        for (running, _), frame in zip(batch, frames, strict=True):
+            running.seconds += took
+            if frame is None:
+                continue  # a prompt's chunk: the rest of it comes in a later pack
+            del self._running[running.state.id]
+            self.step_times.observe(running.seconds)
+            if self.table.get(running.state.id) is not running.state:
+                continue  # failed, evicted or moved while it was computed: its head has been told
+            await self._guard(running.state.id, running.work.upstream, self._deliver(running, frame))
+
+    async def _deliver(self, running: _Running, output: Frame | Exception) -> None:
+        if isinstance(output, Exception):
+            raise output
         self.steps_served += 1
-        state.next_step += 1
+        running.state.next_step += 1
         if self.is_last:
-            head = self._head_of(state.open)
+            head = self._head_of(running.state.open)
             await send_quietly(head, output)
         else:
             await self._forward(output)
@@ -428,16 +565,48 @@ class StageServer:
             raise _SessionFailure("bad_request", f"expected hidden states [1, {count}, {hidden}], got {array.shape}")
         return array.astype(np.float32)
 
-    def _compute(self, state: SessionState, inputs: np.ndarray, frame: Frame) -> Frame:
-        """Runs on the worker thread: rewind, the stages' inference, the frame to send on."""
-        part = bool(frame.flags & StepFlags.PART)
-        last_only = part or bool(frame.flags & StepFlags.LAST_ONLY)
-        x = run_stages(state.stages, inputs, frame.position, rewind=frame.rewind, last_only=last_only)
-        flags = frame.flags
-        if not step_is_repeatable(self.exact, frame.count, frame.rewind, last_only):
-            flags |= StepFlags.UNREPEATABLE
-        if not step_is_settled(self.alike, frame.count, last_only):
-            flags |= StepFlags.UNSETTLED
+    def _compute(self, batch: Sequence[tuple[_Running, Slice]]) -> list[Frame | Exception | None]:
+        """Runs on the worker thread: the pack's inference, then each finished step's frame to send on (None for
+        a prompt whose chunks go on; an exception where reading one session's output out failed)."""
+        steps = [running.piece(slice_) for running, slice_ in batch]
+        outputs = _run_packed(steps)
+        # a step packed beside others is computed otherwise than alone where the stages say packing changes numbers
+        beside = len(steps) > 1 and not packs_alike(self.stages)
+        frames: list[Frame | Exception | None] = []
+        for (running, slice_), x in zip(batch, outputs, strict=True):
+            if isinstance(x, Exception):
+                frames.append(x)
+                continue
+            if beside:
+                running.flags |= StepFlags.UNREPEATABLE | StepFlags.UNSETTLED
+            try:
+                frames.append(self._output(running, slice_, x))
+            except Exception as exc:  # one session's sampling, say: that session fails, the others go on
+                frames.append(exc)
+        return frames
+
+    def _output(self, running: _Running, piece: Slice, x: np.ndarray) -> Frame | None:
+        """What one step's slice computed: its flags, and once the step is done, the frame to send on."""
+        frame = running.work.frame
+        last_only = running.last_only
+        rewind = frame.rewind if piece.start == 0 else 0
+        if not step_is_repeatable(self.exact, piece.rows, rewind, last_only):
+            running.flags |= StepFlags.UNREPEATABLE
+        if not step_is_settled(self.alike, piece.rows, last_only):
+            running.flags |= StepFlags.UNSETTLED
+        running.ready = dataclasses.replace(running.ready, done=piece.start + piece.rows)
+        if not self.is_last:  # every position's hidden states go on, of all the step's chunks
+            running.hidden.append(np.array(x, dtype=self._wire_dtype))  # a copy: x may be reused
+        if not piece.last:
+            return None
+        flags = running.flags
+        if self.is_last:
+            told = flags & (StepFlags.UNREPEATABLE | StepFlags.UNSETTLED)
+            if frame.flags & StepFlags.PART:  # the prompt goes on in the next step: only its progress is told
+                return Frame(FrameType.RESULT, session=frame.session, step=frame.step, flags=StepFlags.PART | told)
+            output = read_out(x, running.state.open.sampling, last_only=last_only)
+            return result_frame(output, frame.session, frame.step, told)
+        hidden = running.hidden[0] if len(running.hidden) == 1 else np.concatenate(running.hidden, axis=1)
         fields: FrameFields = {
             "session": frame.session,
             "step": frame.step,
@@ -446,14 +615,7 @@ class StageServer:
             "rewind": frame.rewind,
             "flags": flags,
         }
-        if self.is_last:
-            told = flags & (StepFlags.UNREPEATABLE | StepFlags.UNSETTLED)
-            if part:  # the prompt goes on in the next step: only its progress is told
-                return Frame(FrameType.RESULT, session=frame.session, step=frame.step, flags=StepFlags.PART | told)
-            output = read_out(x, state.open.sampling, last_only=last_only)
-            return result_frame(output, frame.session, frame.step, told)
-        wire = np.array(x, dtype=self._wire_dtype)  # a copy: x is reused
-        return Frame.tensor(FrameType.STEP, wire, **fields)
+        return Frame.tensor(FrameType.STEP, hidden, **fields)
 
     async def _park(self, frame: Frame) -> None:
         """The session waits for its next turn: it may be evicted when a new session needs its place."""
@@ -588,7 +750,9 @@ class StageServer:
             "local_compute_seconds": round(self.local_compute_seconds, 6),
             "step_seconds": self.step_times.to_json(),
             "kv_cut_seconds": round(self.kv_cut_seconds, 6),
-            "queued": self._queue.qsize(),
+            "queued": self._queue.qsize() + len(self._pending),
+            "packs": self.packs,
+            "packed_steps": self.packed_steps,
             "next_stage": None if self.successor is None else ("connected" if self.successor.connected else "down"),
             "heads": len(self.heads),
             "uptime_s": round(self._clock() - self._started, 3),
@@ -601,6 +765,23 @@ class _SessionFailure(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.report = ErrorReport(code, message)
+
+
+def _run_packed(steps: Sequence[PackedStep]) -> list[np.ndarray | Exception]:
+    """``run_packed``, or where a stage's KV pool has no room for all the steps' positions, each step alone (its
+    rewind done already): a step that has no room even alone fails its session as a busy fleet, not the others."""
+    try:
+        return list(run_packed(steps))
+    except FleetBusyError as exc:
+        if len(steps) == 1:
+            return [_SessionFailure("busy", f"fleet busy: {exc}")]
+    outputs: list[np.ndarray | Exception] = []
+    for step in steps:
+        try:
+            outputs += run_packed([dataclasses.replace(step, rewind=0)])
+        except FleetBusyError as exc:
+            outputs.append(_SessionFailure("busy", f"fleet busy: {exc}"))
+    return outputs
 
 
 def _json(data: dict[str, Any]) -> bytes:

@@ -13,7 +13,6 @@ from agent.daemon import Daemon
 from agent.errors import ConfigError, PeerUnavailableError, SessionFailedError
 from agent.head.ring_client import RingClient, StepDeadline
 from agent.node.server import StageServer
-from agent.wire import Frame
 from tests.middle.toy_ring import GREEDY, ToyRing, run, stage_address
 from tests.support.toy_model import ToyStage, ToyTokenizer, ToyWeights, toy_manifest
 
@@ -49,10 +48,10 @@ def test_a_step_whose_answer_never_comes_fails_at_its_deadline_and_the_stages_fr
         ring = await ToyRing.start()
         black_hole = ring.servers[1]
 
-        async def swallow(frame: Frame, upstream: object) -> None:  # a stage that drops steps without a word
+        async def swallow(running: object, output: object) -> None:  # a stage that drops steps without a word
             return None
 
-        black_hole._step = swallow  # type: ignore[method-assign]
+        black_hole._deliver = swallow  # type: ignore[method-assign]
         first, last = ring.servers[0].address, ring.servers[-1].address
         network = ring.network.host("10.9.0.100")
         client = RingClient(ring.manifest, first, last, network, "h", deadline=StepDeadline(0.3, 0.0))

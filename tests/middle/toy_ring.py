@@ -53,12 +53,15 @@ class ToyRing:
     """The stage 0 of each chat agent started (``chat_agent``)."""
 
     @classmethod
-    async def start(cls, stages: int = 3, max_sessions: int = 4, liveness: Liveness | None = None) -> ToyRing:
+    async def start(
+        cls, stages: int = 3, max_sessions: int = 4, liveness: Liveness | None = None, **changes: object
+    ) -> ToyRing:
+        """``changes``: to every agent's configuration (``pack_budget=4``, say)."""
         manifest = toy_manifest(stages)
         weights = ToyWeights.make(manifest.arch.num_layers)
         ring = cls(manifest, weights, max_sessions=max_sessions, liveness=liveness or Liveness())
         for index in range(stages):
-            ring.servers.append(await ring._serve(index))
+            ring.servers.append(await ring._serve(index, **changes))
         return ring
 
     def config(self, index: int, **changes: object) -> AgentConfig:

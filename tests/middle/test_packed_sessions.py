@@ -1,0 +1,208 @@
+"""Packed steps (issue 45): a stage computes the ready steps of several sessions together, a long prompt in chunks
+between the others' decode rows, and every session's tokens are those it gets alone; a session evicted, cancelled
+or whose head vanished in the middle of others' packed steps leaves their tokens unchanged.
+
+Each test holds a stage's worker thread for a moment (``held``) so that several sessions' steps queue behind it:
+what the stage then computes is a pack, whatever the timing of the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agent.errors import SessionEvictedError
+from agent.head.drafters import NGramDrafter
+from agent.node.server import StageServer
+from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
+
+PROMPTS = (
+    [1, 3, 9, 14, 22, 9, 14, 31, 2, 4],
+    [1, 3, 40, 41, 42, 43, 2, 4],
+    [1, 3, *([7, 8, 9, 10] * 6), 2, 4],
+    [1, 3, 60, 61, 62, 2, 4],
+)
+LONG = [1, 3, *range(20, 60), 2, 4]
+"""44 positions: 11 chunks at a budget of 4 rows."""
+BUDGET = 4
+
+
+@contextlib.asynccontextmanager
+async def held(server: StageServer) -> AsyncIterator[None]:
+    """Keep ``server`` 's worker thread busy until the block ends: the steps that reach it meanwhile queue up."""
+    gate = threading.Event()
+    busy = asyncio.get_running_loop().run_in_executor(server.executor, gate.wait)
+    try:
+        yield
+    finally:
+        gate.set()
+        await busy
+
+
+async def queued(server: StageServer, frames: int) -> None:
+    """Until ``server`` has at least ``frames`` frames waiting (queued, or taken and not yet computed)."""
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while server.status()["queued"] + len(server._running) < frames:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{server.node} never had {frames} frames waiting: {server.status()['queued']}")
+        await asyncio.sleep(0.002)
+
+
+def extra_chunks(server: StageServer) -> int:
+    """The slices a stage computed beyond one per step: the chunks of prompts cut by its packer."""
+    return server.packed_steps - server.steps_served
+
+
+def test_sessions_of_two_heads_packed_together_get_their_answers_alone() -> None:
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=BUDGET)
+        heads = [ring.client("10.9.0.100"), ring.client("10.9.0.101")]
+        for head in heads:
+            await head.connect()
+        try:
+            expected = [await reference(ring, p) for p in (*PROMPTS, LONG)]
+            sessions = [await heads[i % 2].open_session(GREEDY) for i in range(len(expected))]
+            drafters = [NGramDrafter() if i == 2 else None for i in range(len(expected))]
+            async with held(ring.servers[0]):
+                answers = [
+                    asyncio.ensure_future(answer(s, p, drafter=d))
+                    for s, p, d in zip(sessions, (*PROMPTS, LONG), drafters, strict=True)
+                ]
+                await queued(ring.servers[0], len(answers))
+            assert list(await asyncio.gather(*answers)) == expected
+            first = ring.servers[0]
+            assert first.packs < first.packed_steps, "stage 0 never computed two steps together"
+            assert all(extra_chunks(server) >= len(LONG) // BUDGET - 1 for server in ring.servers), (
+                "the long prompt was not cut into chunks of the budget"
+            )
+            for session in sessions:
+                await session.close()
+            await ring.until(lambda: ring.held() == [0, 0, 0])
+        finally:
+            for head in heads:
+                await head.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_packing_off_computes_one_step_at_a_time_with_the_same_answers() -> None:
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=0)
+        client = ring.client()
+        await client.connect()
+        try:
+            expected = [await reference(ring, p) for p in PROMPTS]
+            sessions = [await client.open_session(GREEDY) for _ in PROMPTS]
+            async with held(ring.servers[0]):
+                answers = [asyncio.ensure_future(answer(s, p)) for s, p in zip(sessions, PROMPTS, strict=True)]
+                await queued(ring.servers[0], len(answers))
+            assert list(await asyncio.gather(*answers)) == expected
+            assert all(server.packs == server.packed_steps == server.steps_served for server in ring.servers)
+        finally:
+            await client.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_a_session_evicted_while_others_are_packed_leaves_their_tokens_unchanged() -> None:
+    """Stage 0 holds two places: a parked session and a long prompt being chunked. A newcomer's OPEN, queued
+    behind the prompt's first chunk, evicts the parked one between chunks; the prompt's answer and the
+    newcomer's are the whole model's."""
+
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=2, pack_budget=BUDGET)
+        client = ring.client()
+        await client.connect()
+        try:
+            expected_long, expected_new = await reference(ring, LONG), await reference(ring, PROMPTS[1])
+            kept = await client.open_session(GREEDY)
+            await kept.step(PROMPTS[0], 0, last_only=True)
+            await kept.park()
+            chunked = await client.open_session(GREEDY)
+            first = ring.servers[0]
+            async with held(first):
+                long_answer = asyncio.ensure_future(answer(chunked, LONG))
+                await queued(first, 1)
+                newcomer = await client.open_session(GREEDY)
+                new_answer = asyncio.ensure_future(answer(newcomer, PROMPTS[1]))
+                await queued(first, 2)
+            assert await long_answer == expected_long
+            assert await new_answer == expected_new
+            assert first.table.evicted == 1 and extra_chunks(first) > 0
+            with pytest.raises(SessionEvictedError):
+                await kept.step([5], 0, last_only=True)
+            for session in (kept, chunked, newcomer):
+                await session.close()
+            await ring.until(lambda: ring.held() == [0, 0, 0])
+        finally:
+            await client.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_a_session_cancelled_in_the_middle_of_its_chunks_leaves_the_others_unchanged() -> None:
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=BUDGET)
+        client = ring.client()
+        await client.connect()
+        try:
+            expected = [await reference(ring, p) for p in PROMPTS]
+            others = [await client.open_session(GREEDY) for _ in PROMPTS]
+            doomed = await client.open_session(GREEDY)
+            first = ring.servers[0]
+            async with held(first):
+                cancelled = asyncio.ensure_future(answer(doomed, LONG))
+                answers = [asyncio.ensure_future(answer(s, p)) for s, p in zip(others, PROMPTS, strict=True)]
+                await queued(first, 1 + len(answers))
+            await asyncio.sleep(0)
+            cancelled.cancel()
+            await doomed.close()  # its CLOSE queues behind its chunked prompt, between the others' steps
+            assert list(await asyncio.gather(*answers)) == expected
+            with contextlib.suppress(asyncio.CancelledError):
+                await cancelled
+            for session in others:
+                await session.close()
+            await ring.until(lambda: ring.held() == [0, 0, 0])
+        finally:
+            await client.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_a_head_that_vanishes_while_its_prompt_is_chunked_leaves_the_others_unchanged() -> None:
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=BUDGET)
+        doomed_head, head = ring.client("10.9.0.66"), ring.client("10.9.0.77")
+        await doomed_head.connect()
+        await head.connect()
+        try:
+            expected = [await reference(ring, p) for p in PROMPTS]
+            sessions = [await head.open_session(GREEDY) for _ in PROMPTS]
+            doomed = await doomed_head.open_session(GREEDY)
+            middle = ring.servers[1]
+            async with held(middle):
+                lost = asyncio.ensure_future(answer(doomed, LONG))
+                answers = [asyncio.ensure_future(answer(s, p)) for s, p in zip(sessions, PROMPTS, strict=True)]
+                await queued(middle, 1 + len(answers))
+                ring.network.host("10.9.0.66").vanish()  # its upstream drops while its chunks wait at stage 1
+            assert list(await asyncio.gather(*answers)) == expected
+            with contextlib.suppress(Exception):
+                await lost
+            await ring.until(lambda: ring.held() == [len(PROMPTS)] * 3)
+            for session in sessions:
+                await session.close()
+            await ring.until(lambda: ring.held() == [0, 0, 0])
+        finally:
+            await doomed_head.close()
+            await head.close()
+            await ring.stop()
+
+    run(main)
