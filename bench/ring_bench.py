@@ -37,6 +37,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -351,6 +352,16 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         default="auto",
         help="how the head and the agents forget rejected drafts (as `shoal agent --rewind`)",
     )
+    b.add_argument(
+        "--users",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="many users instead (issue 45): N users each decode the prompt, for pp, pp+sd and packed "
+        "(the agents pack their sessions' steps), e.g. --users 1 2 4 8; --configs from "
+        "mono,pp,pp+sd,packed,packed+sd",
+    )
     add_report_arguments(b)
 
 
@@ -583,6 +594,10 @@ class RingRun:
     wire_sent_bytes: int | None = None
     wire_received_bytes: int | None = None
     """Payload bytes of every user's decode steps (the prompt's step left out) to the ring and back."""
+    gap_p50_s: float | None = None
+    gap_p99_s: float | None = None
+    """The time between one user's consecutive tokens, over every user's tokens after its first: median and 99th
+    percentile (a token that came with others of one speculative step counts a gap of 0)."""
 
     @property
     def acceptance(self) -> float | None:
@@ -604,7 +619,13 @@ class Ring:
         cache_dir: Path,
         fleet_dir: Path,
         log_dir: Path,
+        agent_args: Sequence[str] = (),
+        users: int = 1,
     ) -> None:
+        """``agent_args``: further ``shoal agent`` flags of every agent (``--config`` with packing off, say);
+        ``users``: the most users a run may have (each a drafter of its own)."""
+        self.agent_args = tuple(agent_args)
+        self.users = users
         self.setup = setup
         self.exports = exports
         self.settings = settings
@@ -645,7 +666,7 @@ class Ring:
                 self.cache_dir,
                 self.log_dir / f"{slug(self.setup.model)}-{stages}stage-agent{index}.log",
                 addresses.get(index + 1),
-                extra=["--rewind", self.settings.rewind],
+                extra=["--rewind", self.settings.rewind, *self.agent_args],
             )
             self.agents.insert(0, agent)
             addresses[index] = self.proxy.add(agent.address)
@@ -683,7 +704,7 @@ class Ring:
         await self.client.connect(timeout=120.0)
         self.status_links = [await StatusLink.open(agent.address, identity) for agent in self.agents]
         params = SamplingParams()
-        users = max(USERS[c] for c in self.settings.configs)
+        users = max(self.users, *(USERS[c] for c in self.settings.configs))
         kinds = DRAFTER_KINDS if self.settings.drafter == "best" else (self.settings.drafter,)
         if any(c in SPECULATIVE for c in self.settings.configs):
             for kind in kinds:
@@ -781,15 +802,22 @@ class Ring:
         )
 
     async def generate(
-        self, config: str, latency_ms: float, tokens: int, drafter_kind: str | None, prompt_ids: list[int]
+        self,
+        config: str,
+        latency_ms: float,
+        tokens: int,
+        drafter_kind: str | None,
+        prompt_ids: list[int],
+        users: int | None = None,
     ) -> RingRun:
-        """One run of ``config``: its users decode ``tokens`` tokens each, concurrently."""
+        """One run of ``config``: its users (``users``, else the configuration's) decode ``tokens`` tokens each,
+        concurrently."""
         from agent.head.adaptive_k import AdaptiveK
         from agent.head.decode import DecodeStats, decode
         from agent.runtime.session import StageSession
         from agent.sampling.params import SamplingParams
 
-        users = USERS[config]
+        users = users or USERS[config]
         params = SamplingParams()
         # the head's own stage sessions, their inferences timed
         self.timers = RequestTimers()
@@ -858,6 +886,7 @@ class Ring:
         counted = sum(1 for user_stamps in stamps for t in user_stamps if t > t0)
         window = t1 - t0
         per_user = [(len(s) - 1) / (s[-1] - s[0]) if len(s) > 1 and s[-1] > s[0] else 0.0 for s in stamps]
+        gaps = sorted(b - a for user_stamps in stamps for a, b in itertools.pairwise(user_stamps))
         executor = {
             name: end.executor.get(name, 0.0) - begin.executor.get(name, 0.0)
             for name in set(end.executor) | set(begin.executor)
@@ -892,6 +921,8 @@ class Ring:
             foreign_busy=foreign,
             wire_sent_bytes=wire_sent,
             wire_received_bytes=wire_received,
+            gap_p50_s=percentile(gaps, 0.5) if gaps else None,
+            gap_p99_s=percentile(gaps, 0.99) if gaps else None,
         )
 
 
@@ -1063,6 +1094,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f} %"
 
 
+def percentile(ordered: Sequence[float], share: float) -> float:
+    """The value below which ``share`` of the sorted ``ordered`` values lie (nearest rank)."""
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
 def _stop_on_sigterm() -> None:
     """Make SIGTERM (``kill``, a CI timeout) end the benchmark as Ctrl-C does: through the ``finally`` that
     stops its agents and proxies, which the default action would leave running."""
@@ -1075,6 +1111,10 @@ def _stop_on_sigterm() -> None:
 
 def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
     """Prepare (or reuse) the exports, bring each ring up, measure it, report."""
+    if args.users:
+        from bench.ring_users import run_users
+
+        return run_users(args, cache_dir)
     settings = RingSettings.from_args(args)
     _stop_on_sigterm()
     exports = prepare_exports(settings, cache_dir)
@@ -1111,13 +1151,19 @@ def run_bench_ring(args: argparse.Namespace, cache_dir: Path) -> int:
         partial.write_text(json.dumps(raw, default=str))
 
     report = build_report(raw)
+    return publish(args, log_dir, report, render_table(report), render_markdown(report, command_line()))
+
+
+def publish(args: argparse.Namespace, log_dir: Path, report: dict[str, Any], table: str, markdown: str) -> int:
+    """Keep ``report`` in the run's logs, print it (``--json``, else ``table``), append ``markdown`` to the file
+    ``--markdown`` names."""
     (log_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     if args.json:
         sys.stdout.write(json.dumps(report, default=str) + "\n")
     else:
-        print(render_table(report))
+        print(table)
     if args.markdown is not None:
-        append_markdown(args.markdown, render_markdown(report, command_line()))
+        append_markdown(args.markdown, markdown)
         _progress(f"results appended to {args.markdown}")
     return 0
 

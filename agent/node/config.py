@@ -14,7 +14,7 @@ from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
 from agent.node.packer import DEFAULT_BUDGET, PackPolicy
-from agent.runtime.config import KNOWN_DEVICES, PRECISIONS, PREFILL_ATTENTIONS, REWINDS, RuntimeConfig
+from agent.runtime.config import KNOWN_DEVICES, KV_MODES, PRECISIONS, PREFILL_ATTENTIONS, REWINDS, RuntimeConfig
 from agent.runtime.repeatable import ALIKE_MIN_PROMPT
 from agent.transport.heartbeat import Liveness
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
@@ -304,6 +304,8 @@ _RUNTIME_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "fast_prefill": _flag,
     "prefill_attention": _choice(PREFILL_ATTENTIONS),
     "rewind": _choice(REWINDS),
+    "kv": _choice(KV_MODES),
+    "kv_positions": _whole(1),
 }
 
 
@@ -315,8 +317,8 @@ def load_agent_config(
     identity under the data dir). Every value is checked here, its type and range, and a mistake raises
     ``ConfigError`` naming the setting.
 
-    Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``),
-    device, threads, precision, fast_prefill, prefill_attention, rewind, cache_dir, max_sessions, max_payload,
+    Keys: export_dir, stages (list or int), identity_dir, listen, next (``HOST:PORT``), device, threads,
+    precision, fast_prefill, prefill_attention, rewind, kv, kv_positions, cache_dir, max_sessions, max_payload,
     wire_dtype, verify, chat, http, metrics, chat_file, ring_first, ring_last (``HOST:PORT``), drafter, chat_keep,
     chat_keep_max, heartbeat_interval, link_timeout, step_timeout, prefill_chunk, pack_budget, pack_window,
     peers (list of ``HOST:PORT``), mdns,

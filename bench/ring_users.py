@@ -1,0 +1,270 @@
+"""``python -m bench ring --users N ...``: many users on one ring, its agents packing their steps or not (issue 45).
+
+Rings of the same export are up side by side, their agents configured by a file (``--config``): ``pp`` and
+``pp+sd``, agents that keep each session's KV in its own state and compute one step at a time (``pack_budget =
+0``); ``packed`` and ``packed+sd``, agents that keep their sessions' KV in one paged pool (``kv = "paged"``) and
+pack the ready steps of their sessions (the default budget); ``paged``, paged KV without packing (packing on vs
+off on the same KV). Each is ``python -m bench ring`` 's ring (:class:`bench.ring_bench.
+Ring`): the head holds stage 0 in this process on its own core, the other stages are ``shoal agent`` processes
+on the agents' core, a delay proxy (0 ms) in front of each. Only the agents' stages pack: the head computes
+each of its users' stage-0 steps on its own.
+
+For each number of users, rounds run every configuration in a rotated order (``mono``: openvino_genai serving
+one user on the head's core). N users each decode the same prompt, concurrently: the aggregate tok/s (tokens
+after the last user's first token, over the time from then to the last token), each user's tok/s, the time to
+first token, and the p50 / p99 of the time between a user's tokens. The load average is read before and after
+each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench import BenchError, select_configs
+from bench.agents import bench_dirs
+from bench.ring_bench import (
+    WARMUP_PROMPT_TOKENS,
+    Ring,
+    RingRun,
+    RingSettings,
+    _mono_run,
+    _progress,
+    _prompt_ids,
+    _settings_json,
+    _stop_on_sigterm,
+    prepare_exports,
+    publish,
+)
+from bench.shards_bench import command_line, describe_machine, rotation, slug
+
+USER_CONFIGS = ("mono", "pp", "pp+sd", "paged", "packed", "packed+sd")
+DEFAULT_USER_CONFIGS = "pp,pp+sd,packed"
+AGENT_SETTINGS = {
+    "state": "pack_budget = 0\n",
+    "paged": 'kv = "paged"\npack_budget = 0\n',
+    "packed": 'kv = "paged"\n',
+}
+"""The agent config file of each ring."""
+RING_OF = {"pp": "state", "pp+sd": "state", "paged": "paged", "packed": "packed", "packed+sd": "packed"}
+SPECULATES = frozenset({"pp+sd", "packed+sd"})
+
+
+def run_users(args: argparse.Namespace, cache_dir: Path) -> int:
+    """Bring both rings up, measure every number of users, report."""
+    users = sorted(set(args.users))
+    if users[0] < 1:
+        raise BenchError("--users counts users: 1 or more")
+    configs = select_configs(args.configs or DEFAULT_USER_CONFIGS, USER_CONFIGS)
+    ring_configs = ",".join(["mono"] * ("mono" in configs) + ["pp"] + ["pp+sd"] * any(c in SPECULATES for c in configs))
+    settings = RingSettings.from_args(argparse.Namespace(**{**vars(args), "configs": ring_configs}))
+    if len(settings.setups) != 1:
+        raise BenchError("--users measures one setup: give --model and one --stages")
+    if settings.drafter == "best":
+        settings = dataclasses.replace(settings, drafter="ngram")  # no pilot: one drafter for every user count
+    setup = settings.setups[0]
+    _stop_on_sigterm()
+    exports = prepare_exports(settings, cache_dir)[setup]
+    os.sched_setaffinity(0, {settings.head_core})  # before OpenVINO is loaded here
+    fleet_dir, log_dir = bench_dirs(cache_dir, "ring-users-logs")
+    prompt_ids = _prompt_ids(exports.ring, settings.prompt, settings.tokens)
+    rings: dict[str, Ring] = {}
+    for name, text in AGENT_SETTINGS.items():
+        if any(RING_OF.get(c) == name for c in configs):
+            folder = log_dir / name
+            folder.mkdir()
+            (folder / "agent.toml").write_text(text)
+            extra = ("--config", str(folder / "agent.toml"))
+            rings[name] = Ring(setup, exports, settings, cache_dir, fleet_dir, folder, extra, users=max(users))
+    raw: dict[str, Any] = {
+        "settings": {**_settings_json(settings), "users": users, "configs": list(configs)},
+        "machine": describe_machine(settings.head_core),
+        "prompt_tokens": len(prompt_ids),
+        "runs": {},
+    }
+    _progress(f"logs and results in {log_dir}")
+    try:
+        for ring in rings.values():
+            ring.start_processes()
+        asyncio.run(_measure(rings, settings, configs, users, prompt_ids, raw, log_dir / "results.json"))
+    finally:
+        for ring in rings.values():
+            ring.stop_processes()
+    report = build_users_report(raw)
+    return publish(args, log_dir, report, render_users_table(report), render_users_markdown(report, command_line()))
+
+
+async def _measure(
+    rings: dict[str, Ring],
+    settings: RingSettings,
+    configs: tuple[str, ...],
+    users: list[int],
+    prompt_ids: list[int],
+    raw: dict[str, Any],
+    partial: Path,
+) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        for ring in rings.values():
+            await ring.connect()
+        for count in users:
+            chosen = tuple(c for c in configs if c != "mono" or count == 1)
+            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in chosen}
+            raw["runs"][str(count)] = runs
+            for round_index in range(settings.runs):
+                for config in rotation(chosen, round_index):
+                    load_before = os.getloadavg()[0]
+                    packing: dict[str, float] = {}
+                    if config == "mono":
+                        ring = next(iter(rings.values()))
+                        if ring.exports.mono is None:
+                            raise BenchError("mono needs the optimum-intel export")
+                        ov_cache = ring.cache_dir / "bench" / slug(ring.setup.model) / "ov-cache"
+                        done: RingRun = await loop.run_in_executor(
+                            None, _mono_run, ring.exports.mono, prompt_ids, settings.tokens, settings, ov_cache
+                        )
+                    else:
+                        ring = rings[RING_OF[config]]
+                        kind = settings.drafter if config in SPECULATES else None
+                        name = "pp+sd" if kind else "pp"
+                        warm = prompt_ids[:WARMUP_PROMPT_TOKENS]
+                        await ring.generate(name, 0.0, settings.warmup_tokens, kind, warm, users=count)
+                        before = await _packing(ring)
+                        done = await ring.generate(name, 0.0, settings.tokens, kind, prompt_ids, users=count)
+                        after = await _packing(ring)
+                        packing = {k: after[k] - before[k] for k in after}
+                        done.config = config
+                    run = {
+                        **dataclasses.asdict(done),
+                        **packing,
+                        "load_before": load_before,
+                        "load_after": os.getloadavg()[0],
+                    }
+                    runs[config].append(run)
+                    partial.write_text(json.dumps(raw, default=str))
+                    _progress(
+                        f"{count} user(s) round {round_index + 1}/{settings.runs} {config:<9} "
+                        f"{done.tok_s:7.2f} tok/s, per user {_text(done.per_user_tok_s)}, TTFT "
+                        f"{statistics.fmean(done.ttft_s):.3f} s, gap p50/p99 {_ms(done.gap_p50_s)}/"
+                        f"{_ms(done.gap_p99_s)} ms, {_packed_text(packing)}load {load_before:.1f}-"
+                        f"{run['load_after']:.1f}"
+                    )
+    finally:
+        for ring in rings.values():
+            with contextlib.suppress(Exception):
+                await ring.close()
+
+
+async def _packing(ring: Ring) -> dict[str, float]:
+    """The agents' packs and the steps they held, so far (a run's are the difference)."""
+    statuses = await asyncio.gather(*(link.get() for link in ring.status_links))
+    return {
+        "agent_packs": float(sum(s.get("packs", 0) for s in statuses)),
+        "agent_packed_steps": float(sum(s.get("packed_steps", 0) for s in statuses)),
+    }
+
+
+def _packed_text(packing: dict[str, float]) -> str:
+    if not packing.get("agent_packs"):
+        return ""
+    return f"agents' steps per pack {packing['agent_packed_steps'] / packing['agent_packs']:.2f}, "
+
+
+def _text(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.1f}"
+
+
+# -- the report ------------------------------------------------------------------------------------
+def users_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over runs of one configuration at one number of users."""
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    return {
+        "runs": len(runs),
+        "tok_s": median("tok_s"),
+        "tok_s_runs": [round(r["tok_s"], 2) for r in runs],
+        "per_user_tok_s": statistics.median(statistics.fmean(r["per_user_tok_s"]) for r in runs),
+        "per_user_min": min(min(r["per_user_tok_s"]) for r in runs),
+        "ttft_s": statistics.median(statistics.fmean(r["ttft_s"]) for r in runs),
+        "gap_p50_s": median("gap_p50_s"),
+        "gap_p99_s": median("gap_p99_s"),
+        "load": [min(r["load_before"] for r in runs), max(r["load_after"] for r in runs)],
+        "steps_per_pack": (
+            sum(r.get("agent_packed_steps", 0) for r in runs) / packs
+            if (packs := sum(r.get("agent_packs", 0) for r in runs))
+            else None
+        ),
+        "same_tokens": all(t == runs[0]["tokens"][0] for r in runs for t in r["tokens"]),
+    }
+
+
+def build_users_report(raw: dict[str, Any]) -> dict[str, Any]:
+    cells = {
+        count: {config: users_figures(runs) for config, runs in by_config.items() if runs}
+        for count, by_config in raw["runs"].items()
+    }
+    ratios: dict[str, dict[str, float | None]] = {}
+    for count, figures in cells.items():
+        ratio = {}
+        for packed, plain in (("packed", "pp"), ("packed+sd", "pp+sd"), ("packed", "paged")):
+            if packed in figures and plain in figures and figures[plain]["tok_s"]:
+                ratio[f"{packed}/{plain}"] = figures[packed]["tok_s"] / figures[plain]["tok_s"]
+        mono = cells.get("1", {}).get("mono")
+        for config, cell in figures.items():
+            if mono and mono["tok_s"] and config != "mono":
+                ratio[f"{config}/mono(1 user)"] = cell["tok_s"] / mono["tok_s"]
+        ratios[count] = ratio
+    return {"settings": raw["settings"], "machine": raw["machine"], "cells": cells, "ratios": ratios}
+
+
+def render_users_table(report: dict[str, Any]) -> str:
+    header = (
+        f"{'users':>5} {'config':<10} {'tok/s':>7} {'per user':>8} {'TTFT s':>7} {'gap p50':>8} {'gap p99':>8}"
+        f" {'load':>9} {'steps/pack':>10}  same tokens"
+    )
+    lines = [header]
+    for count, figures in report["cells"].items():
+        for config, f in figures.items():
+            lines.append(
+                f"{count:>5} {config:<10} {f['tok_s']:7.2f} {f['per_user_tok_s']:8.2f} {f['ttft_s']:7.3f} "
+                f"{_ms(f['gap_p50_s']):>8} {_ms(f['gap_p99_s']):>8} {f['load'][0]:4.1f}-{f['load'][1]:<4.1f} "
+                f"{'-' if f['steps_per_pack'] is None else format(f['steps_per_pack'], '.2f'):>10}  "
+                f"{'yes' if f['same_tokens'] else 'NO'}"
+            )
+        ratio = report["ratios"].get(count)
+        if ratio:
+            lines.append("      " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None))
+    return "\n".join(lines)
+
+
+def render_users_markdown(report: dict[str, Any], command: str) -> str:
+    settings = report["settings"]
+    setup = settings["setups"][0]
+    return "\n".join(
+        [
+            f"## Many users on one ring: {setup['model']}, {setup['stages']} stages (issue 45)",
+            "",
+            f"`{command}` — {settings['tokens']} greedy tokens per user, {settings['runs']} rounds; the head (stage 0, "
+            f"all users) on core {settings['head_core']}, the agents on {settings['agent_cores']}; gap = time between "
+            "a user's consecutive tokens; load = the load average before the first and after the last run.",
+            "",
+            "```",
+            render_users_table(report),
+            "```",
+            "",
+        ]
+    )
