@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import platform
 import random
@@ -172,6 +173,8 @@ def soak(settings: SoakSettings, export: Path, cache_dir: Path, out: Path) -> di
         rng = random.Random(settings.seed)
         pool = [_prompt(tokenizer, rng.randint(8, settings.max_prompt)) for _ in range(settings.pool)]
         requests = plan_requests(rng, settings, pool, lambda n: _prompt(tokenizer, n))
+        for module in ("openai", "psutil", "bench.chaos", "agent.chat_client.client", "agent.cli.status_link"):
+            importlib.import_module(module)  # a second or more of imports, never on the soak's event loop
         report = asyncio.run(_Soak(fleet, settings, pool, requests).run())
     finally:
         fleet.stop_all()
@@ -289,7 +292,10 @@ class _Soak:
             outcome.ended = outcome.ended or time.monotonic()
             if request.pool >= 0 and outcome.status == "whole":
                 tokens, text = self.references[request.pool].expected(request.max_tokens)
-                got_text = outcome.text if request.client != "ask" else outcome.text.rstrip("\n")
+                if request.client == "ask":  # shoal ask prints the answer's text without its trailing blanks
+                    text, got_text = text.rstrip(), outcome.text.rstrip()
+                else:
+                    got_text = outcome.text
                 outcome.matches = outcome.tokens == tokens if request.client == "chat" else got_text == text
                 if not outcome.matches:
                     outcome.detail = f"expected {text!r}, got {got_text!r} (tokens {outcome.tokens or '-'})"[:800]
