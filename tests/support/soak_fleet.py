@@ -196,8 +196,12 @@ class SoakFleet:
         return found
 
     def stop_all(self) -> None:
+        """SIGTERM to every agent at once (each says goodbye to its peers), then each waited for or killed."""
         for member in self.members.values():
-            if member.agent is not None:
+            if member.pid is not None and member.agent is not None:
                 with contextlib.suppress(ProcessLookupError):
                     self.pause(member.name, False)  # a stopped process would not hear SIGTERM
+                    member.agent.process.terminate()
+        for member in self.members.values():
+            if member.agent is not None:
                 member.agent.stop(timeout=10)

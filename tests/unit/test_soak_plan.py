@@ -1,0 +1,36 @@
+"""The soak's pure parts (issue 46): the chaos schedule and the requests, from a seeded generator."""
+
+from __future__ import annotations
+
+import random
+
+from bench.chaos import KINDS, schedule
+from bench.soak_bench import CANCELLABLE, CLIENTS, SoakSettings, plan_requests
+
+
+def test_the_chaos_schedule_is_bounded_in_count_place_and_hold_and_revokes_the_one_spare_at_most_once() -> None:
+    for seed in range(50):
+        faults = schedule(random.Random(seed), 9, 1000, max_hold=20.0)
+        assert schedule(random.Random(seed), 9, 1000, max_hold=20.0) == faults  # the seed decides
+        kinds = [f.kind for f in faults]
+        assert kinds.count("revoke") <= 1 and len(faults) >= 9 - 2 and set(kinds) <= set(KINDS)
+        assert all(100 <= f.after_requests <= 900 for f in faults), faults
+        assert [f.after_requests for f in faults] == sorted(f.after_requests for f in faults)
+        assert all(0.0 <= f.hold <= 20.0 for f in faults)
+        assert all(f.hold >= 8.0 for f in faults if f.kind == "stop")  # SIGSTOP holds 8-30 s
+    assert {f.kind for f in schedule(random.Random(1), 2, 60, ("kill", "coordinator"))} == {"kill", "coordinator"}
+
+
+def test_the_requests_mix_clients_sampling_and_a_tenth_cancelled_mid_answer() -> None:
+    settings = SoakSettings(requests=2000, max_prompt=100, max_answer=32, pool=4)
+    pool = [f"pool prompt {i}" for i in range(settings.pool)]
+    requests = plan_requests(random.Random(7), settings, pool, lambda n: f"fresh prompt of {n}")
+    assert {r.client for r in requests} == set(CLIENTS)
+    cancelled = [r for r in requests if r.cancel_after is not None]
+    assert 0.08 <= len(cancelled) / len(requests) <= 0.12, len(cancelled)
+    assert all(r.client in CANCELLABLE and 1 <= (r.cancel_after or 0) < r.max_tokens for r in cancelled)
+    greedy = [r for r in requests if r.temperature == 0.0]
+    assert 0.4 <= len(greedy) / len(requests) <= 0.6
+    assert all(r.prompt == pool[r.pool] for r in greedy), "a greedy request asks a prompt with a reference"
+    assert all(r.pool == -1 and r.prompt.startswith("fresh") for r in requests if r.temperature > 0.0)
+    assert all(1 <= r.max_tokens <= settings.max_answer for r in requests)
