@@ -1,9 +1,13 @@
 """``StageServer``: one agent serving its stage(s) of an export on the ring.
 
 Frames flow one way: a predecessor (or a head) sends OPEN / STEP / PARK / CLOSE; this agent runs the
-step on its stages (one worker thread, in arrival order, so steps of many sessions interleave)
-and passes the hidden states to the next stage, or, on the last stage, sends the result straight
-to the session's head. ERROR frames go back up the way the session came.
+step on its stages and passes the hidden states to the next stage, or, on the last stage, sends the result
+straight to the session's head. ERROR frames go back up the way the session came.
+
+One worker computes on one thread. Each session's frames are handled in their order; the steps of several
+sessions that are ready at once go through the stages together, in one ``run_packed`` call, as
+``agent.node.packer`` chooses (decode rows first, then prompt chunks within a token budget; issue 45), and
+each step's frame goes on as if it had been computed alone (``pack_budget = 0``: one step at a time).
 
 A parked session (its head keeps it for the conversation's next turn) holds its place only until a new
 session needs it: then the one parked the longest ago is evicted, its head told (ERROR ``evicted``) and the
