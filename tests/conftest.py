@@ -12,14 +12,14 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.support.leaks import Baseline, TaskLedger, created_here, sweeps_recorded
+from tests.support.leaks import Baseline, TaskLedger, created_here, starts_recorded, sweeps_recorded
 
 PROMPTS = [
     "What is the capital of France?",
@@ -184,6 +184,20 @@ def greedy(session: object, prompt_ids: list[int], n: int = REFERENCE_TOKENS) ->
     return tokens, np.stack(all_logits)
 
 
+CALL_FAILED = pytest.StashKey[bool]()
+"""Set on a test whose call failed (``pytest_runtest_makereport``), for ``_loop_watch``."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[CALL_FAILED] = True
+    return report
+
+
 BLOCKED_LOOP_SECONDS = 1.0
 """A callback or task step that holds the event loop longer than this fails its test (see ``_loop_watch``).
 A blocking call (a compile, an inference, a file hashed) takes seconds; under coverage on a slow 2-core VM an
@@ -284,7 +298,7 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
     collections = _CollectionTimer()
     gc.callbacks.append(collections)
     try:
-        with sweeps_recorded(baseline.ledger):
+        with sweeps_recorded(baseline.ledger), starts_recorded(baseline.ledger):
             yield
     finally:
         if paused_gc:
@@ -300,7 +314,8 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
             f"the event loop was blocked: {recorder.slow[0]} ({collections.longest_s:.3f} s was the "
             "test's longest garbage collection)"
         )
+    # a failed test's traceback holds its frames, and with them whatever it had open: its failure is the news
     if fast:  # the slow tier's leaks are being fixed: on there too once it runs clean
-        problems.extend(baseline.leaks())
+        problems.extend(baseline.leaks(fds=not request.node.stash.get(CALL_FAILED, False)))
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)

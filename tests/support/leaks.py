@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.runners
+import concurrent.futures
 import gc
 import os
 import re
@@ -41,6 +42,7 @@ SETTLE_SECONDS = 2.0
 closed by a callback the loop ran as it closed."""
 
 _ASYNCIO_FOLDER = os.path.dirname(asyncio.__file__)
+_THREADING_FILES = (threading.__file__, os.path.dirname(concurrent.futures.__file__))
 
 
 def open_fds() -> dict[int, str]:
@@ -80,12 +82,13 @@ def _address(get: Callable[[], Any]) -> str:
     return repr(address) if address else "(unnamed)"
 
 
-def describe_thread(thread: threading.Thread) -> str:
-    """The thread's name, what it runs and whether it is a daemon."""
+def describe_thread(thread: threading.Thread, started_at: str | None = None) -> str:
+    """The thread's name, what it runs, whether it is a daemon and where it was started."""
     target = getattr(thread, "_target", None)  # Thread keeps it until run() returns
     runs = getattr(target, "__qualname__", None) or type(thread).__qualname__
     module = getattr(target, "__module__", None) or type(thread).__module__
-    return f"{thread.name} ({module}.{runs}{', daemon' if thread.daemon else ''})"
+    where = f", started at {started_at}" if started_at else ""
+    return f"{thread.name} ({module}.{runs}{', daemon' if thread.daemon else ''}{where})"
 
 
 def created_here(depth: int = 2) -> str:
@@ -96,6 +99,15 @@ def created_here(depth: int = 2) -> str:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_ASYNCIO_FOLDER):
         if frame.f_code.co_name == "_run":  # events.Handle._run: a callback the loop ran, not code that awaited
             return f"{_place(first)} (a loop callback)"
+        frame = frame.f_back
+    return _place(frame)
+
+
+def started_here(depth: int = 2) -> str:
+    """Where the code that started a thread is, past ``threading`` and ``concurrent.futures`` (an executor
+    starts its workers as work is submitted): ``file:line in function``."""
+    frame = sys._getframe(depth)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_THREADING_FILES):
         frame = frame.f_back
     return _place(frame)
 
@@ -122,6 +134,7 @@ class TaskLedger:
     """Held until the guard looks: a loop left open would otherwise go with the garbage, unseen."""
     created_at: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = field(default_factory=weakref.WeakKeyDictionary)
     swept: list[str] = field(default_factory=list)
+    started_at: weakref.WeakKeyDictionary[threading.Thread, str] = field(default_factory=weakref.WeakKeyDictionary)
 
     def note_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loops.append(loop)
@@ -145,6 +158,23 @@ class TaskLedger:
             if not loop.is_closed():
                 left.append(f"event loop {loop!r} left open")
         return left
+
+
+@contextmanager
+def starts_recorded(ledger: TaskLedger) -> Iterator[None]:
+    """While inside, every thread started is noted in ``ledger`` with where it was started (``Thread.start``
+    wrapped: threading has no hook there), so that a thread left running names the code that made it."""
+    original = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        ledger.started_at[thread] = started_here()
+        original(thread)
+
+    threading.Thread.start = start  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        threading.Thread.start = original  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -197,21 +227,24 @@ class Baseline:
             if (fd, target) not in self.fds and not _allowed(FD_ALLOWANCES, target)
         }
 
-    def leaks(self, threads: bool = True, settle_s: float = SETTLE_SECONDS) -> list[str]:
+    def leaks(self, threads: bool = True, fds: bool = True, settle_s: float = SETTLE_SECONDS) -> list[str]:
         """What the test left: one line per kind (tasks, threads, descriptors), empty when it left nothing.
 
-        Threads and descriptors get ``settle_s`` to go; descriptors still open then get one garbage collection
-        (an unclosed socket in a reference cycle is the collector's to close, and its ``ResourceWarning`` says
-        so), and only what outlives that counts.
+        A descriptor still open first gets a garbage collection (an unclosed socket in a reference cycle is the
+        collector's to close, and its ``ResourceWarning`` says so); then threads and descriptors get ``settle_s``
+        to go (a worker finishing its last item), and a last collection; only what outlives that counts.
         """
         tasks = self.ledger.left_running()  # before any collection below takes a loop left open
-        deadline = time.monotonic() + settle_s
         left_threads = self.new_threads() if threads else []
-        left_fds = self.new_fds()
+        left_fds = self.new_fds() if fds else {}
+        if left_fds:
+            gc.collect()
+            left_fds = self.new_fds()
+        deadline = time.monotonic() + settle_s
         while (left_threads or left_fds) and time.monotonic() < deadline:
             time.sleep(0.05)
             left_threads = [t for t in left_threads if t.is_alive()]
-            left_fds = self.new_fds()
+            left_fds = self.new_fds() if fds else {}
         if left_fds:
             gc.collect()
             left_fds = self.new_fds()
@@ -219,7 +252,10 @@ class Baseline:
         if tasks:
             problems.append(f"asyncio tasks left running: {'; '.join(tasks)}")
         if left_threads:
-            problems.append(f"threads left running: {', '.join(describe_thread(t) for t in left_threads)}")
+            started = self.ledger.started_at
+            problems.append(
+                f"threads left running: {', '.join(describe_thread(t, started.get(t)) for t in left_threads)}"
+            )
         if left_fds:
             problems.append(f"file descriptors left open: {', '.join(describe_fd(*item) for item in left_fds.items())}")
         return problems
