@@ -143,7 +143,7 @@ class PagedKV:
         for begin in range(0, n, step):
             end = min(n, begin + step)
             part = PagedRow(row.session, row.inputs[:, begin:end], positions[:, begin:end], row.last_only)
-            if row.last_only and end < n:
+            if row.last_only and end < n and row.session.holds_head:  # logits of a prompt's last position only
                 self._infer([part], read=False)
             else:
                 parts.append(np.array(self._infer([part])[0]))

@@ -323,10 +323,12 @@ class CompiledStage:
         if self.exact_speculation is False:
             log.warning(
                 "%s: speculative greedy decoding may differ from plain decoding here (precision %s, "
-                "%s threads): for token-identical output use --threads 1 or --precision f32",
+                "%s threads, KV %s): for token-identical output use %s",
                 graph.name,
                 config.precision,
                 config.threads or "all",
+                self.kv,
+                "--precision f32" if self.kv == "paged" else "--threads 1 or --precision f32",
             )
 
     def _compile(self, xml: Path, weights: str, config: RuntimeConfig, default: str) -> ov.CompiledModel:

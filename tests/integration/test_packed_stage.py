@@ -1,0 +1,212 @@
+"""Several sessions packed into one inference per stage (``kv = "paged"``, ``agent.runtime.packed``) on a real
+3-stage SmolLM2 int4 export: each session's tokens must be those it decodes alone, wherever its stages say they
+pack alike, and its speculative rewinds, truncations of its block table, must not touch the others."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.errors import FleetBusyError
+from agent.runtime.config import RuntimeConfig
+from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed
+from agent.runtime.protocol import KVSession
+from agent.runtime.stage import CompiledStage
+from shards.manifest import Manifest
+
+pytestmark = pytest.mark.openvino
+
+TOKENS = 16
+PROMPTS = [[int(t) for t in np.random.default_rng(seed).integers(100, 40000, size=12 + 5 * seed)] for seed in range(8)]
+"""Eight prompts of 12 to 47 positions (token ids: no tokenizer needed)."""
+
+
+def _stages(folder: Path, cache_dir: Path, **config: object) -> list[CompiledStage]:
+    manifest = Manifest.load(folder)
+    runtime = RuntimeConfig(device="CPU", cache_dir=cache_dir / "ov", **config)  # type: ignore[arg-type]
+    return [CompiledStage(folder, graph, manifest.weights, runtime) for graph in manifest.stages]
+
+
+@pytest.fixture
+def paged(exported: Callable[..., Path], cache_dir: Path) -> Callable[..., list[CompiledStage]]:
+    """``paged(precision, threads)``: the int4 3-stage export's stages with ``kv = "paged"``, compiled once a test
+    (they hold the export's weight files open: the leak check wants them closed when the test ends)."""
+    made: dict[tuple[str, int], list[CompiledStage]] = {}
+
+    def make(precision: str, threads: int = 1) -> list[CompiledStage]:
+        if (precision, threads) not in made:
+            made[precision, threads] = _stages(
+                exported(3, "int4"), cache_dir, threads=threads, precision=precision, kv="paged"
+            )
+        return made[precision, threads]
+
+    return make
+
+
+def _prompt_steps(
+    sessions: Sequence[Sequence[KVSession]], prompts: Sequence[list[int]], position: int = 0
+) -> list[PackedStep]:
+    return [
+        PackedStep(s, np.array([p], np.int64), position, last_only=True) for s, p in zip(sessions, prompts, strict=True)
+    ]
+
+
+def _decode(stages: Sequence[CompiledStage], prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Greedy tokens of every prompt, all sessions packed in every step; and each one's logits, step by step."""
+    sessions = [[stage.new_session() for stage in stages] for _ in prompts]
+    steps = _prompt_steps(sessions, prompts)
+    tokens: list[list[int]] = [[] for _ in prompts]
+    logits: list[list[np.ndarray]] = [[] for _ in prompts]
+    for _ in range(TOKENS):
+        for mine, seen, out in zip(tokens, logits, run_packed(steps), strict=True):
+            seen.append(out[0, -1])
+            mine.append(int(np.argmax(out[0, -1])))
+        steps = [
+            PackedStep(s, np.array([[t[-1]]], dtype=np.int64), s[0].logical_length, last_only=True)
+            for s, t in zip(sessions, tokens, strict=True)
+        ]
+    return tokens, [np.stack(seen) for seen in logits]
+
+
+def _alone(stages: Sequence[CompiledStage], prompts: Sequence[list[int]]) -> tuple[list[list[int]], list[np.ndarray]]:
+    alone = [_decode(stages, [p]) for p in prompts]
+    return [t[0] for t, _ in alone], [x[0] for _, x in alone]
+
+
+@pytest.mark.parametrize("precision", ["f32", "auto"])
+def test_packed_sessions_decode_their_tokens_alone(
+    paged: Callable[..., list[CompiledStage]],
+    exported: Callable[..., Path],
+    cache_dir: Path,
+    precision: str,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """1, 4 and 8 sessions packed, one thread: every session's greedy tokens are those it decodes alone. Below f32
+    (``auto``: activations quantized on the fly) its logits are bit-identical too; f32 rounds a row alone
+    otherwise than beside others (a step of one row takes other matmul kernels), well below a token."""
+    stages = paged(precision)
+    assert [kv_mode(s) for s in stages] == ["paged"] * 3 and packs_alike(stages)
+    want, want_logits = _alone(stages, PROMPTS)
+    for group in (4, 8):
+        got, got_logits = _decode(stages, PROMPTS[:group])
+        assert got == want[:group]
+        worst = max(float(np.abs(g - w).max()) for g, w in zip(got_logits, want_logits[:group], strict=True))
+        record_property(f"max_abs_logit_difference_{group}", worst)
+        assert worst == 0.0 if precision == "auto" else worst < 1e-3
+    if precision == "f32":  # the KV in blocks gives the tokens of the KV in state
+        state = _stages(exported(3, "int4"), cache_dir, threads=1, precision=precision)
+        assert [kv_mode(s) for s in state] == ["state"] * 3
+        assert _alone(state, PROMPTS[:2])[0] == want[:2]
+
+
+def test_where_packing_moves_a_row_the_stage_says_so(paged: Callable[..., list[CompiledStage]]) -> None:
+    """On two threads below f32 the plugin splits packed rows otherwise than a row alone: the numbers move, and
+    the stages say they do not pack alike (so a packed step's answer is not claimed repeatable)."""
+    stages = paged("auto", threads=2)
+    assert not packs_alike(stages)
+    _, want = _alone(stages, PROMPTS[:4])
+    _, got = _decode(stages, PROMPTS[:4])
+    assert max(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True)) > 1e-3
+
+
+def _speculate(
+    stages: Sequence[CompiledStage], prompts: Sequence[list[int]], guide: Sequence[list[int]]
+) -> list[list[int]]:
+    """Speculative greedy decoding of every prompt, all sessions packed in every step: each step verifies the
+    pending token and 3 drafts, taken from ``guide`` (its reference tokens) with every fourth one wrong, so that
+    every session rewinds rejected drafts in steps shared with others that do not."""
+    sessions = [[stage.new_session() for stage in stages] for _ in prompts]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    steps = _prompt_steps(sessions, prompts)
+    for out, mine in zip(run_packed(steps), tokens, strict=True):
+        mine.append(int(np.argmax(out[0, -1])))
+    rewinds = [0] * len(prompts)
+    while min(len(t) for t in tokens) < TOKENS:
+        drafts = [
+            [g[i] if i % 4 != 3 else 11 for i in range(len(t), len(t) + 3)] for t, g in zip(tokens, guide, strict=True)
+        ]
+        steps = [
+            PackedStep(s, np.array([[t[-1], *d]], dtype=np.int64), s[0].logical_length - r, rewind=r)
+            for s, t, d, r in zip(sessions, tokens, drafts, rewinds, strict=True)
+        ]
+        for k, (out, d) in enumerate(zip(run_packed(steps), drafts, strict=True)):
+            chosen = [int(i) for i in np.argmax(out[0], axis=-1)]
+            kept = next((i for i in range(3) if d[i] != chosen[i]), 3)
+            tokens[k] += [*d[:kept], chosen[kept]]
+            rewinds[k] = 3 - kept
+    return [t[:TOKENS] for t in tokens]
+
+
+@pytest.mark.parametrize("precision", ["f32", "auto"])
+def test_speculative_rewinds_of_packed_sessions(paged: Callable[..., list[CompiledStage]], precision: str) -> None:
+    """Four sessions verify drafts in shared steps, each rewinding its rejected ones (a truncation of its block
+    table) while the others keep theirs. Packed or one by one, each session's tokens are the same; where the
+    stages' speculation is exact (f32) they are its plain greedy tokens. Below f32 a step of several positions
+    is computed otherwise than single steps (the stage says so: not exact), not otherwise beside others."""
+    stages = paged(precision)
+    plain = _alone(stages, PROMPTS[:4])[0]
+    packed = _speculate(stages, PROMPTS[:4], plain)
+    assert packed == [_speculate(stages, [p], [g])[0] for p, g in zip(PROMPTS[:4], plain, strict=True)]
+    exact = precision == "f32"
+    assert all(s.exact_speculation is exact for s in stages)
+    if exact:
+        assert packed == plain
+
+
+def test_a_full_pool_answers_busy_and_leaves_the_others(
+    paged: Callable[..., list[CompiledStage]], exported: Callable[..., Path], cache_dir: Path
+) -> None:
+    """A pool of 4 blocks of 32 positions per stage: a step that would need more is refused as "fleet busy" with
+    every session as it was, the session that fits decodes on, and a reset gives its blocks back."""
+    stages = _stages(exported(3, "int4"), cache_dir, threads=1, kv="paged", kv_positions=128)
+    a, b = ([stage.new_session() for stage in stages] for _ in range(2))
+    run_packed([PackedStep(a, np.array([PROMPTS[7]], dtype=np.int64), 0, last_only=True)])  # 47: 2 blocks
+    before = [s.logical_length for s in a]
+    with pytest.raises(FleetBusyError, match="fleet busy"):
+        run_packed(
+            [
+                PackedStep(a, np.array([[28]], dtype=np.int64), 47, last_only=True),
+                PackedStep(b, np.array([PROMPTS[6] + PROMPTS[5]], dtype=np.int64), 0, last_only=True),  # 79: 3
+            ]
+        )
+    assert [s.logical_length for s in a] == before and [s.logical_length for s in b] == [0, 0, 0]
+    c = [stage.new_session() for stage in paged("auto")]
+    run_packed([PackedStep(c, np.array([PROMPTS[7]], dtype=np.int64), 0, last_only=True)])
+    want = run_packed([PackedStep(c, np.array([[28]], dtype=np.int64), 47, last_only=True)])[0]
+    got = run_packed([PackedStep(a, np.array([[28]], dtype=np.int64), 47, last_only=True)])[0]
+    assert np.array_equal(got, want)
+    for s in a:
+        s.reset()
+    assert all(stage.paged_kv is not None and stage.paged_kv.allocator.free_blocks == 4 for stage in stages)
+
+
+def test_a_prompt_cut_anyhow_leaves_the_same_numbers(paged: Callable[..., list[CompiledStage]]) -> None:
+    """One thread below f32 a paged-KV stage claims ``prompts`` (``agent.runtime.repeatable``): a prompt whole, in
+    chunks, or run as several inferences of at most 200 positions (a step longer than ``inference_positions``)
+    gives bit-identical logits, then and at the next decode step."""
+    stages = paged("auto")
+    assert {s.alike for s in stages} == {"prompts"}
+    document = [int(t) for t in np.random.default_rng(9).integers(100, 40000, size=500)]
+
+    def logits(cuts: Sequence[int]) -> np.ndarray:
+        sessions = [stage.new_session() for stage in stages]
+        out = []
+        for begin, end in zip((0, *cuts), (*cuts, len(document)), strict=True):
+            out = run_packed(_prompt_steps([sessions], [document[begin:end]], begin))
+        step = PackedStep(sessions, np.array([[28]], np.int64), len(document), last_only=True)
+        return np.concatenate([out[0][0, -1], run_packed([step])[0][0, -1]])
+
+    whole = logits(())
+    assert np.array_equal(logits((250,)), whole) and np.array_equal(logits((100, 107)), whole)
+    for stage in stages:
+        assert stage.paged_kv is not None
+        stage.paged_kv.compiled.inference_positions = 200
+    try:
+        assert np.array_equal(logits(()), whole)
+    finally:
+        for stage in stages:
+            assert stage.paged_kv is not None
+            stage.paged_kv.compiled.inference_positions = 1024
