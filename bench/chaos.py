@@ -79,17 +79,22 @@ class FaultRecord:
 
 @dataclass
 class Chaos:
-    """Injects ``faults`` into ``fleet`` as ``finished()`` (the count of finished requests) reaches each."""
+    """Injects ``faults`` into ``fleet`` as ``finished()`` (the count of finished requests) reaches each, until
+    ``over()``."""
 
     fleet: SoakFleet
     faults: tuple[Fault, ...]
     finished: Callable[[], int]
+    over: Callable[[], bool] = lambda: False
+    """Whether the load has ended: the faults still waiting are then never injected."""
     clock: Callable[[], float] = time.monotonic
     records: list[FaultRecord] = field(default_factory=list)
 
     async def run(self) -> list[FaultRecord]:
         for fault in self.faults:
             while self.finished() < fault.after_requests:
+                if self.over():
+                    return self.records
                 await asyncio.sleep(0.2)
             try:
                 record = await self._inject(fault)

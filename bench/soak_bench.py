@@ -111,6 +111,8 @@ class SoakSettings:
     faults: int = 6
     fault_kinds: tuple[str, ...] = ("kill", "stop", "coordinator", "revoke")
     max_hold: float = 30.0
+    budget_s: float = 0.0
+    """Seconds after which no further request starts (0: none); the report says how many were never sent."""
     seed: int = 46
 
 
@@ -126,6 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", type=float, default=d.sample_every, help="seconds between samples")
     parser.add_argument("--chaos", action="store_true", help="inject faults while serving (bench/chaos.py)")
     parser.add_argument("--faults", type=int, default=d.faults, help="with --chaos: faults in all")
+    parser.add_argument(
+        "--budget", type=float, default=0.0, help="minutes after which no further request starts (default: none)"
+    )
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--export", type=Path, default=None, help="a 3-stage export (default: SmolLM2 int4)")
     parser.add_argument("--out", type=Path, default=None, help="folder of soak.json, soak.md and the agents' logs")
@@ -145,6 +150,7 @@ def run_soak_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         sample_every=args.sample,
         chaos=args.chaos,
         faults=args.faults,
+        budget_s=args.budget * 60,
         seed=args.seed,
     )
     export = args.export or _default_export(cache_dir)
@@ -232,7 +238,9 @@ class _Soak:
         self.outcomes: list[Outcome] = []
         self.samples: list[dict[str, Any]] = []
         self.references: list[_Reference] = []
-        self.measuring = False
+        self.began = 0.0
+        self.load_over = False
+        self.unsent = 0
 
     async def run(self) -> dict[str, Any]:
         import openai
@@ -265,12 +273,13 @@ class _Soak:
                 self.settings.fault_kinds,
                 self.settings.max_hold,
             )
-            chaos = Chaos(self.fleet, faults, lambda: len(self.outcomes))
+            chaos = Chaos(self.fleet, faults, lambda: len(self.outcomes), lambda: self.load_over)
             chaos_task = asyncio.create_task(chaos.run())
-        began = time.monotonic()
+        self.began = began = time.monotonic()
         gate = asyncio.Semaphore(self.settings.concurrency)
         await asyncio.gather(*(self._one(r, gate) for r in self.requests))
         load_s = time.monotonic() - began
+        self.load_over = True
         if chaos is not None:
             await chaos_task
         drained_s = await self._drain()
@@ -281,6 +290,9 @@ class _Soak:
 
     async def _one(self, request: SoakRequest, gate: asyncio.Semaphore) -> None:
         async with gate:
+            if self.settings.budget_s and time.monotonic() - self.began > self.settings.budget_s:
+                self.unsent += 1
+                return
             call = {"chat": self._chat, "openai-stream": self._openai, "openai-whole": self._openai, "ask": self._ask}
             outcome = Outcome(request.index, request.client, request.temperature == 0.0, time.monotonic())
             try:
@@ -470,6 +482,7 @@ class _Soak:
         series = _series(self.samples)
         report: dict[str, Any] = {
             "requests": len(outcomes),
+            "unsent": self.unsent,
             "outcomes": counts,
             "warmup_s": round(warmup_s, 1),
             "load_s": round(load_s, 1),
@@ -617,12 +630,19 @@ def _goals(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return goals
 
 
+def _unsent(report: dict[str, Any]) -> str:
+    unsent = report.get("unsent") or 0
+    minutes = report.get("settings", {}).get("budget_s", 0) / 60
+    return f" ({unsent} more never sent: the {minutes:g}-minute budget ran out)" if unsent else ""
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables: the goals, the latencies, each agent's run, the faults."""
     s = report.get("settings", {})
     lines = [
-        f"Soak of {report['requests']} requests ({s.get('concurrency')} at once, prompts up to {s.get('max_prompt')} "
-        f"tokens, max_tokens up to {s.get('max_answer')}{', chaos' if s.get('chaos') else ''}); "
+        f"Soak of {report['requests']} requests{_unsent(report)} ({s.get('concurrency')} at once, "
+        f"prompts up to {s.get('max_prompt')} tokens, max_tokens up to {s.get('max_answer')}"
+        f"{', chaos' if s.get('chaos') else ''}); "
         f"{report.get('machine', '')}, {report.get('date', '')}; load {report['load_s']} s",
         "",
         "| goal | figure | pass |",
