@@ -360,7 +360,12 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         metavar="N",
         help="many users instead (issue 45): N users each decode the prompt, for pp, pp+sd and packed "
         "(the agents pack their sessions' steps), e.g. --users 1 2 4 8; --configs from "
-        "mono,pp,pp+sd,packed,packed+sd",
+        "mono,pp,pp+sd,paged,packed,packed+sd",
+    )
+    b.add_argument(
+        "--stageless-head",
+        action="store_true",
+        help="with --users: an agent serves stage 0 (on the head's core) and the head only drives its users",
     )
     add_report_arguments(b)
 
@@ -621,11 +626,14 @@ class Ring:
         log_dir: Path,
         agent_args: Sequence[str] = (),
         users: int = 1,
+        head_stage: bool = True,
     ) -> None:
         """``agent_args``: further ``shoal agent`` flags of every agent (``--config`` with packing off, say);
-        ``users``: the most users a run may have (each a drafter of its own)."""
+        ``users``: the most users a run may have (each a drafter of its own); ``head_stage``: the head holds stage
+        0 (else an agent serves it, pinned to the head's core, and the head only drives its users)."""
         self.agent_args = tuple(agent_args)
         self.users = users
+        self.head_stage = head_stage
         self.setup = setup
         self.exports = exports
         self.settings = settings
@@ -653,10 +661,11 @@ class Ring:
         self.proxy = ProxyProcess(self.settings.spare_cores())
         addresses: dict[int, tuple[str, int]] = {}
         stages = self.setup.stages
+        first = 1 if self.head_stage else 0
         # last stage first: each agent is told the proxied address of the next one
-        for index in range(stages - 1, 0, -1):
+        for index in range(stages - 1, first - 1, -1):
             identity = issue_node(self.fleet_dir, f"stage-{index}", force=True)  # the bench fleet outlives runs
-            core = self.settings.agent_core(index)
+            core = self.settings.agent_core(index) if index else self.settings.head_core
             _progress(f"{self.setup.label}: starting the agent of stage {index} on core {core}")
             agent = start_agent(
                 self.exports.ring,
@@ -670,7 +679,7 @@ class Ring:
             )
             self.agents.insert(0, agent)
             addresses[index] = self.proxy.add(agent.address)
-        self.proxied = [addresses[i] for i in range(1, stages)]
+        self.proxied = [addresses[i] for i in range(first, stages)]
 
     async def connect(self) -> None:
         from agent.cli.status_link import StatusLink
@@ -690,8 +699,9 @@ class Ring:
         config = RuntimeConfig(
             device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache", rewind=self.settings.rewind
         )
-        _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
-        self.stages = [CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)]
+        if self.head_stage:
+            _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
+            self.stages = [CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)]
         self.client = RingClient(
             self.manifest,
             self.proxied[0],

@@ -3,11 +3,13 @@
 Rings of the same export are up side by side, their agents configured by a file (``--config``): ``pp`` and
 ``pp+sd``, agents that keep each session's KV in its own state and compute one step at a time (``pack_budget =
 0``); ``packed`` and ``packed+sd``, agents that keep their sessions' KV in one paged pool (``kv = "paged"``) and
-pack the ready steps of their sessions (the default budget); ``paged``, paged KV without packing (packing on vs
-off on the same KV). Each is ``python -m bench ring`` 's ring (:class:`bench.ring_bench.
-Ring`): the head holds stage 0 in this process on its own core, the other stages are ``shoal agent`` processes
-on the agents' core, a delay proxy (0 ms) in front of each. Only the agents' stages pack: the head computes
-each of its users' stage-0 steps on its own.
+pack the ready steps of their sessions (the default budget); ``paged``, paged KV without packing (packing on vs off
+on the same KV); ``packed+2ms``, packing agents that, idle, wait 2 ms after a step for others to pack with. Each is
+``python -m bench ring`` 's ring (:class:`bench.ring_bench.Ring`): the head holds stage 0 in this process on its
+own core, the other stages are ``shoal agent`` processes on the agents' core, a delay proxy (0 ms) in front of
+each. Only the agents' stages pack: the head computes each of its users' stage-0 steps on its own, one after
+another, so it paces what reaches the agents. With ``--stageless-head`` an agent serves stage 0 too, pinned to the
+head's core, and every stage packs.
 
 For each number of users, rounds run every configuration in a rotated order (``mono``: openvino_genai serving
 one user on the head's core). N users each decode the same prompt, concurrently: the aggregate tok/s (tokens
@@ -45,15 +47,23 @@ from bench.ring_bench import (
 )
 from bench.shards_bench import command_line, describe_machine, rotation, slug
 
-USER_CONFIGS = ("mono", "pp", "pp+sd", "paged", "packed", "packed+sd")
+USER_CONFIGS = ("mono", "pp", "pp+sd", "paged", "packed", "packed+sd", "packed+2ms")
 DEFAULT_USER_CONFIGS = "pp,pp+sd,packed"
 AGENT_SETTINGS = {
     "state": "pack_budget = 0\n",
     "paged": 'kv = "paged"\npack_budget = 0\n',
     "packed": 'kv = "paged"\n',
+    "packed+2ms": 'kv = "paged"\npack_window = 0.002\n',
 }
 """The agent config file of each ring."""
-RING_OF = {"pp": "state", "pp+sd": "state", "paged": "paged", "packed": "packed", "packed+sd": "packed"}
+RING_OF = {
+    "pp": "state",
+    "pp+sd": "state",
+    "paged": "paged",
+    "packed": "packed",
+    "packed+sd": "packed",
+    "packed+2ms": "packed+2ms",
+}
 SPECULATES = frozenset({"pp+sd", "packed+sd"})
 
 
@@ -82,9 +92,24 @@ def run_users(args: argparse.Namespace, cache_dir: Path) -> int:
             folder.mkdir()
             (folder / "agent.toml").write_text(text)
             extra = ("--config", str(folder / "agent.toml"))
-            rings[name] = Ring(setup, exports, settings, cache_dir, fleet_dir, folder, extra, users=max(users))
+            rings[name] = Ring(
+                setup,
+                exports,
+                settings,
+                cache_dir,
+                fleet_dir,
+                folder,
+                extra,
+                users=max(users),
+                head_stage=not args.stageless_head,
+            )
     raw: dict[str, Any] = {
-        "settings": {**_settings_json(settings), "users": users, "configs": list(configs)},
+        "settings": {
+            **_settings_json(settings),
+            "users": users,
+            "configs": list(configs),
+            "stageless_head": args.stageless_head,
+        },
         "machine": describe_machine(settings.head_core),
         "prompt_tokens": len(prompt_ids),
         "runs": {},
@@ -220,7 +245,7 @@ def build_users_report(raw: dict[str, Any]) -> dict[str, Any]:
     ratios: dict[str, dict[str, float | None]] = {}
     for count, figures in cells.items():
         ratio = {}
-        for packed, plain in (("packed", "pp"), ("packed+sd", "pp+sd"), ("packed", "paged")):
+        for packed, plain in (("packed", "pp"), ("packed+sd", "pp+sd"), ("packed", "paged"), ("packed+2ms", "packed")):
             if packed in figures and plain in figures and figures[plain]["tok_s"]:
                 ratio[f"{packed}/{plain}"] = figures[packed]["tok_s"] / figures[plain]["tok_s"]
         mono = cells.get("1", {}).get("mono")
@@ -258,8 +283,10 @@ def render_users_markdown(report: dict[str, Any], command: str) -> str:
         [
             f"## Many users on one ring: {setup['model']}, {setup['stages']} stages (issue 45)",
             "",
-            f"`{command}` — {settings['tokens']} greedy tokens per user, {settings['runs']} rounds; the head (stage 0, "
-            f"all users) on core {settings['head_core']}, the agents on {settings['agent_cores']}; gap = time between "
+            f"`{command}` — {settings['tokens']} greedy tokens per user, {settings['runs']} rounds; the head "
+            f"({'no stage' if settings['stageless_head'] else 'stage 0'}, all users) on core {settings['head_core']}"
+            f"{', with the agent of stage 0' if settings['stageless_head'] else ''}, the other agents on "
+            f"{settings['agent_cores']}; gap = time between "
             "a user's consecutive tokens; load = the load average before the first and after the last run.",
             "",
             "```",
