@@ -155,14 +155,21 @@ class PagedKV:
         """One inference over ``rows`` (blocks reserved); each row's output, in order."""
         c = self.compiled
         counts = [r.inputs.shape[1] for r in rows]
-        past = [r.session.table.length for r in rows]
-        tables = [
-            r.session.table.blocks[: self.allocator.blocks_for(p + n)]
-            for r, p, n in zip(rows, past, counts, strict=True)
-        ]
+        past: list[int] = []
+        tables: list[list[int]] = []
+        sequences: list[int] = []
+        for row, n in zip(rows, counts, strict=True):
+            # a row whose every position is read (drafts to verify) goes in as one sequence per position, each
+            # attending to the ones before it through the shared blocks: computed as single steps would be
+            length, table = row.session.table.length, row.session.table.blocks
+            for begin in range(n) if not row.last_only else (0,):
+                size = 1 if not row.last_only else n
+                past.append(length + begin)
+                tables.append(table[: self.allocator.blocks_for(length + begin + size)])
+                sequences.append(size)
         inputs = rows[0].inputs[0] if len(rows) == 1 else np.concatenate([r.inputs[0] for r in rows])
         positions = np.concatenate([_positions(r)[0] for r in rows])
-        feed = sequences_feed(c.graph.token_input, inputs, positions, past, counts, tables)
+        feed = sequences_feed(c.graph.token_input, inputs, positions, past, sequences, tables)
         if c.selects_positions:
             # a head computes the rows asked for only: each row's last position, or all of its positions
             ends = np.cumsum(counts)
@@ -236,10 +243,13 @@ def pool_blocks(positions: int, block_size: int) -> int:
 # 2026.4, a 2-core AMD EPYC whose CPU plugin computes in bf16 by default; session 0 decoding 16 tokens alone, then
 # beside 3 or 7 other decode rows or 3 prompt rows of 24 positions, and its 5 next tokens verified in one step):
 # - one thread, ``auto`` (f32 activations quantized to int8 on the fly) and bf16: its logits bit-identical whatever
-#   is packed beside it; 5 positions in one step against 5 steps: up to 0.37 (auto, a token changed), 1.25 (bf16);
+#   is packed beside it. 5 positions as one sequence against 5 steps: up to 0.37 (auto, a token changed), 1.25
+#   (bf16): the plugin's PagedAttention takes a sequence of several positions with other kernels than one of one.
+#   The same 5 positions as 5 sequences of one (sharing the session's blocks, each attending to those before it):
+#   bit-identical to 5 steps, in both; so ``PagedKV`` verifies drafts that way.
 # - one thread, f32: packed beside others, up to 9.4e-5 (a step of one row alone takes other matmul kernels than
 #   several rows), 5 positions in one step up to 8.0e-5: the rounding f32's exactness lives with already;
-# - two threads, ``auto``: packed beside others, up to 0.62; 5 positions in one step, 0.47.
+# - two threads, ``auto``: packed beside others, up to 0.62 (the rows' matmuls split otherwise); f32, 7.3e-5.
 
 
 def paged_packs_alike(threads: int | None, f32: bool) -> bool:
@@ -248,10 +258,10 @@ def paged_packs_alike(threads: int | None, f32: bool) -> bool:
     return threads == 1 or f32
 
 
-def paged_speculation_is_exact(f32: bool) -> bool:
-    """Whether verifying drafts in one step equals single steps on a paged-KV CPU stage: in f32 only (below it the
-    plugin's PagedAttention takes a step of several positions with other kernels than a step of one)."""
-    return f32
+def paged_speculation_is_exact(threads: int | None, f32: bool) -> bool:
+    """Whether verifying drafts in one step equals single steps on a paged-KV CPU stage: in f32, and on one thread
+    (drafts go in as sequences of one position, and the rows beside them do not move them)."""
+    return f32 or threads == 1
 
 
 def paged_computes_alike(threads: int | None, f32: bool) -> str:

@@ -306,7 +306,7 @@ class CompiledStage:
         if self.paged_kv is not None:
             f32 = _computes_in_f32(weights, config)
             self.compact_rewind = False  # a rewind truncates a block table: nothing is masked, nothing copied
-            self.exact_speculation = paged_speculation_is_exact(f32)
+            self.exact_speculation = paged_speculation_is_exact(config.threads, f32)
             self._alike = paged_computes_alike(config.threads, f32)
             self.packs_alike = paged_packs_alike(config.threads, f32)
         self.wire_dtype = "f16" if _compiled_precision(self.compiled) == "f16" else "f32"
