@@ -10,10 +10,12 @@ The rules, after openvino.genai's continuous-batching scheduler (decode first, t
   in turn order, as long as the pack stays within ``budget`` rows (the first always goes).
 - **Then prompt chunks.** A prompt step is cut at fixed offsets from its first position (every ``budget``
   positions; a last piece of one position joins the chunk before it, since a stage computes a one-position
-  prompt step with other kernels: ``agent.runtime.repeatable.ALIKE_MIN_PROMPT``). The cuts never depend on who
-  else is queued, so a prompt's numbers do not depend on the load. A chunk goes in if it fits the budget, and
-  the first prompt chunk goes in whatever the decode rows took: a prompt always progresses, and it holds the
-  others' decode rows back by at most one budget's worth of rows.
+  prompt step with other kernels: ``agent.runtime.repeatable.ALIKE_MIN_PROMPT``). A chunk goes in if it fits the
+  budget, and the first prompt chunk goes in whatever the decode rows took: a prompt always progresses, and it
+  holds the others' decode rows back by at most one budget's worth of rows. Where the stage computes a prompt the
+  same however it is cut (``fixed_cuts`` false: ``Stage.alike`` is ``prompts`` or ``all``), a prompt alone goes
+  whole (no cost when alone); elsewhere it is always cut at the same offsets, so that its numbers never depend
+  on who else was queued.
 - **Turns.** Heads take turns (the one served the longest ago first), and within a head its sessions do; one
   step of each head per round, so a head with many sessions cannot starve a head with one.
 - **Gathering.** A stage that was busy packs whatever queued meanwhile at once. A stage that sat idle when the
@@ -43,6 +45,8 @@ class PackPolicy:
 
     budget: int = DEFAULT_BUDGET
     window: float = 0.0
+    fixed_cuts: bool = True
+    """Cut every prompt at the same offsets, alone or not (its numbers depend on the cuts)."""
 
     def __post_init__(self) -> None:
         if self.budget < ALIKE_MIN_PROMPT:
@@ -160,6 +164,7 @@ def plan(
     if idle_since is not None and first >= idle_since and rows < policy.budget and now < first + policy.window:
         return Wait(first + policy.window)
     order = in_turn(ready, turns)
+    whole = len(ready) == 1 and not policy.fixed_cuts
     slices: list[Slice] = []
     taken = 0
     for step in (s for s in order if not s.prompt):
@@ -168,7 +173,7 @@ def plan(
             taken += step.rows
     prompted = False
     for step in (s for s in order if s.prompt):
-        chunk = next_chunk(step, policy.budget)
+        chunk = step.rows if whole else next_chunk(step, policy.budget)
         if not prompted or taken + chunk <= policy.budget:
             slices.append(Slice(step.session, step.done, chunk, last=step.done + chunk == step.count))
             taken += chunk

@@ -360,6 +360,8 @@ class StageServer:
             decision: Pack | Wait | None = Pack((Slice(first.session, 0, first.count, last=True),))
         else:
             idle = self._idle_since if not self._queue.qsize() else None
+            # a prompt alone goes whole where the stages compute it the same however it is cut
+            policy = dataclasses.replace(policy, fixed_cuts=self.alike == "none")
             decision = plan(ready, self._clock(), idle, policy, self._turns)
         if isinstance(decision, Wait):
             await asyncio.sleep(max(0.0, decision.until - self._clock()))

@@ -76,9 +76,8 @@ def test_sessions_of_two_heads_packed_together_get_their_answers_alone() -> None
             assert list(await asyncio.gather(*answers)) == expected
             first = ring.servers[0]
             assert first.packs < first.packed_steps, "stage 0 never computed two steps together"
-            assert all(extra_chunks(server) >= len(LONG) // BUDGET - 1 for server in ring.servers), (
-                "the long prompt was not cut into chunks of the budget"
-            )
+            # beside the others' steps at stage 0, the prompts went in chunks of the budget (the long one in 11)
+            assert extra_chunks(first) >= len(LONG) // BUDGET - 1
             for session in sessions:
                 await session.close()
             await ring.until(lambda: ring.held() == [0, 0, 0])

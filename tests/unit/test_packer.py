@@ -69,6 +69,14 @@ def test_a_prompt_is_cut_the_same_whoever_else_is_queued() -> None:
     assert beside[-1] == alone[0]
 
 
+def test_a_prompt_alone_goes_whole_where_cuts_do_not_change_its_numbers() -> None:
+    loose = PackPolicy(budget=16, fixed_cuts=False)
+    assert packed(plan([prompt(1, 40)], 0.0, None, loose, Turns())) == [(1, 0, 40, True)]
+    assert packed(plan([prompt(1, 40, done=16)], 0.0, None, loose, Turns())) == [(1, 16, 24, True)]
+    beside = plan([prompt(1, 40), decode(2)], 0.0, None, loose, Turns())
+    assert packed(beside) == [(2, 0, 1, True), (1, 0, 16, False)]
+
+
 def test_a_last_piece_of_one_position_joins_the_chunk_before() -> None:
     assert next_chunk(prompt(1, 17), 16) == 17
     assert next_chunk(prompt(1, 18), 16) == 16
