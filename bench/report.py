@@ -233,9 +233,9 @@ def render_markdown(report: Mapping[str, Any], command: str) -> str:
         lines.append(
             "- Per decoded token, shoal configs: "
             + "; ".join(
-                f"{name} {f['infer_ms_per_token']:.2f} ms in `InferRequest.infer` calls (of which "
-                f"{f['binding_ms_per_token']:.2f} ms outside OpenVINO's own `latency`: input dispatch, output "
-                f"dict), {f['python_ms_per_token']:.2f} ms in our Python; everything outside OpenVINO "
+                f"{name} {f['infer_ms_per_token']:.2f} ms in `InferRequest` calls (`set_input_tensor`, `infer`; "
+                f"of which {f['binding_ms_per_token']:.2f} ms outside OpenVINO's own `latency`: input binding, "
+                f"output dict), {f['python_ms_per_token']:.2f} ms in our Python; everything outside OpenVINO "
                 f"{100 * f['outside_ov_share']:.1f} %"
                 for name, f in shares
             )
