@@ -341,7 +341,17 @@ class StageServer:
         while True:
             # a call per round, so that nothing of a frame outlives its handling here: a loop variable would keep
             # the last frame's upstream connection, dropped meanwhile, alive with its TLS buffer until the next one
-            await self._round()
+            try:
+                await self._round()
+            except Exception:  # a bug in the worker's own bookkeeping: its steps' sessions fail, the worker goes on
+                log.exception("node=%s the worker failed; the sessions of its steps fail", self.node)
+                await self._fail_running()
+
+    async def _fail_running(self) -> None:
+        running, self._running = self._running, {}
+        for step in running.values():
+            report = ErrorReport("stage_failed", "internal error", self.node)
+            await self._fail(step.state.id, step.work.upstream, report)
 
     async def _round(self) -> None:
         """Take what is queued (waiting for a frame when nothing is), handle each session's first frame, then

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent.errors import SessionEvictedError
+from agent.errors import SessionEvictedError, SessionFailedError
 from agent.head.drafters import NGramDrafter
 from agent.node.server import StageServer
 from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
@@ -202,6 +202,35 @@ def test_a_head_that_vanishes_while_its_prompt_is_chunked_leaves_the_others_unch
         finally:
             await doomed_head.close()
             await head.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_a_bug_in_the_worker_fails_the_sessions_of_its_steps_and_the_worker_goes_on() -> None:
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=BUDGET)
+        client = ring.client()
+        await client.connect()
+        middle = ring.servers[1]
+        real = middle._run_pack
+
+        async def broken(pack: object) -> None:
+            middle._run_pack = real  # type: ignore[method-assign]
+            raise RuntimeError("a bug in the worker")
+
+        try:
+            unlucky = await client.open_session(GREEDY)
+            middle._run_pack = broken  # type: ignore[method-assign]
+            with pytest.raises(SessionFailedError, match="stage_failed: internal error"):
+                await unlucky.step(PROMPTS[0], 0, last_only=True)
+            fine = await client.open_session(GREEDY)
+            assert await answer(fine, PROMPTS[1]) == await reference(ring, PROMPTS[1])
+            for session in (unlucky, fine):
+                await session.close()
+            await ring.until(lambda: ring.held() == [0, 0, 0])
+        finally:
+            await client.close()
             await ring.stop()
 
     run(main)
