@@ -34,6 +34,9 @@ from shards.manifest import Manifest
 Step = tuple[list[PagedKVSession], np.ndarray, bool]
 """A session per stage, its token ids ``[1, n]``, last_only."""
 
+DRAFTED = 5
+"""Positions of session 0 verified in one step (a speculative step's), against as many single steps."""
+
 SETTINGS: dict[str, dict[str, str]] = {
     "f32": {},
     "auto": {},
@@ -129,9 +132,12 @@ def measure(stages: Sequence[PagedKV], tokens: int) -> list[Arm]:
     arm("prompt beside 3 prompts", [run_through(stages, [(mine, prompt0, True), *beside])[0], *alone[1:]])
     mine = [kv.new_session() for kv in stages]
     run_through(stages, [(mine, prompt0, True)])
-    drafted = np.array([want_tokens[:5]], dtype=np.int64)  # a speculative step: 4 drafts verified at once
+    drafted = np.array([want_tokens[:DRAFTED]], dtype=np.int64)  # a speculative step's positions, verified at once
     verified = run_through(stages, [(mine, drafted, False)])[0]
-    arm("5 positions in one step", [alone[0], *(verified[:, i : i + 1] for i in range(5)), *alone[6:]])
+    arm(
+        f"{DRAFTED} positions in one step",
+        [alone[0], *(verified[:, i : i + 1] for i in range(DRAFTED)), *alone[DRAFTED + 1 :]],
+    )
     return arms
 
 
@@ -185,6 +191,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.tokens < DRAFTED:
+        parser.error(f"--tokens must be at least {DRAFTED}")
     report: dict[str, Any] = {
         "export": str(args.export),
         "cpu": ov.Core().get_property("CPU", "FULL_DEVICE_NAME"),

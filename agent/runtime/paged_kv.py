@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import openvino as ov
 
 from agent.errors import FleetBusyError, RuntimeStageError
 from agent.runtime.kv_blocks import BlockAllocator, BlockTable
@@ -57,6 +58,13 @@ class PagedKV:
         self.request = compiled.compiled.create_infer_request()
         for cache, array in self._arrays.items():
             self.request.set_tensor(cache, compiled.blocks.tensor(array))
+        # Inputs go in by port as tensors over the arrays themselves: the binding's feed dict (a name lookup, a
+        # dtype check and a conversion per input) cost 0.1-0.4 ms of CPU per inference of a SmolLM2 stage, 3-10 %
+        self._inputs = {
+            name: (i, port.get_element_type().to_dtype())
+            for i, port in enumerate(self.request.model_inputs)
+            for name in port.get_names()
+        }
         self.inferences = 0
         """Inferences run, all told (one per packed step, more for steps longer than ``inference_positions``)."""
 
@@ -180,7 +188,10 @@ class PagedKV:
                 ]
             ).astype(np.int64)
         try:
-            self.request.infer(feed, share_inputs=True, share_outputs=True)
+            for name, array in feed.items():
+                port, dtype = self._inputs[name]
+                self.request.set_input_tensor(port, ov.Tensor(np.require(array, dtype, "C"), shared_memory=True))
+            self.request.infer()
         except RuntimeError as exc:
             raise RuntimeStageError(f"{self.name}: packed inference of {len(rows)} steps failed: {exc}") from exc
         self.inferences += 1
