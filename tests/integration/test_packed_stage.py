@@ -207,3 +207,32 @@ def test_a_prompt_cut_anyhow_leaves_the_same_numbers(paged: Callable[..., list[C
         for stage in stages:
             assert stage.paged_kv is not None
             stage.paged_kv.compiled.inference_positions = 1024
+
+
+def test_sessions_leaving_mid_decode_leave_the_others_alone(paged: Callable[..., list[CompiledStage]]) -> None:
+    """Of four sessions decoding packed, one is reset (a cancelled answer) and one dropped (an evicted session,
+    collected) half way: the two left decode their tokens alone, and the pool gets every block back."""
+    stages = paged("auto")
+    want = _alone(stages, PROMPTS[:4])[0]
+    sessions = [[stage.new_session() for stage in stages] for _ in range(4)]
+    tokens: list[list[int]] = [[] for _ in range(4)]
+    steps = _prompt_steps(sessions, PROMPTS[:4])
+    for t in range(TOKENS):
+        for mine, out in zip(tokens, run_packed(steps), strict=True):
+            mine.append(int(np.argmax(out[0, -1])))
+        if t == TOKENS // 2:
+            for session in sessions[1]:
+                session.reset()
+            sessions, tokens = [sessions[0], sessions[3]], [tokens[0], tokens[3]]
+        steps = [
+            PackedStep(s, np.array([[t[-1]]], np.int64), s[0].logical_length, last_only=True)
+            for s, t in zip(sessions, tokens, strict=True)
+        ]
+    assert tokens == [want[0], want[3]]
+    del steps
+    for session in (s for group in sessions for s in group):
+        session.reset()
+    for stage in stages:
+        assert stage.paged_kv is not None
+        stage.paged_kv.reserve([])  # gives back the blocks of sessions collected
+        assert stage.paged_kv.allocator.used_blocks == 0
