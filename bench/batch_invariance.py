@@ -5,9 +5,9 @@ precision setting asked for: session 0 is prefilled alone, then decodes ``--toke
 chose alone, fed to every arm) alone, beside 3 or 7 other sessions' decode rows, and beside 3 other sessions'
 prompt rows; its prompt is also run beside 3 others' prompts. Reported per arm: the largest difference of its
 logits from the alone run, and how many of its greedy tokens agree. The time of one packed decode step of 1, 4
-and 8 rows through all stages (median), and of one decode step of one session on the SDPA compilation the stage
-uses today (``kv = "state"``), say what packing costs and saves. The figures decide what a stage may claim
-(``Stage.packs_alike``).
+and 8 rows through all stages (median CPU time), and of one session's decode and speculative steps on the product's
+stages with ``kv = "state"`` (today's default) and ``"paged"``, say what packing costs and saves. The figures
+decide what a paged stage may claim (``agent.runtime.paged_kv``: ``paged_packs_alike`` and the rules beside it).
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ def measure(stages: Sequence[PagedKV], tokens: int) -> list[Arm]:
     return arms
 
 
-def timings(stages: Sequence[PagedKV], sdpa: Callable[[], float], rounds: int = 5) -> dict[str, float]:
-    """Median CPU ms of one decode step through every stage: packed of 1, 4 and 8 rows, and ``sdpa`` (one session
-    on today's compilation), in interleaved rounds (the machine is shared)."""
+def timings(stages: Sequence[PagedKV], single: dict[str, Callable[[], float]], rounds: int = 5) -> dict[str, float]:
+    """Median CPU ms of one step through every stage: a packed decode step of 1, 4 and 8 rows, and each of
+    ``single``'s timings (one session on a stage of the product), in interleaved rounds (the machine is shared)."""
     sessions = {rows: [[kv.new_session() for kv in stages] for _ in range(rows)] for rows in (1, 4, 8)}
     for group in sessions.values():
         run_through(stages, [(s, _ids(40, j), True) for j, s in enumerate(group)])
@@ -155,32 +155,42 @@ def timings(stages: Sequence[PagedKV], sdpa: Callable[[], float], rounds: int = 
             for _ in range(8):
                 run_through(stages, step)
             cpu.setdefault(f"paged decode step, {rows} rows (CPU ms)", []).append((time.process_time() - started) / 8)
-        cpu.setdefault("SDPA decode step, 1 session (CPU ms)", []).append(sdpa())
+        for name, timed in single.items():
+            cpu.setdefault(f"{name} (CPU ms)", []).append(timed())
     return {k: 1e3 * statistics.median(v) for k, v in cpu.items()}
 
 
-def sdpa_decode(folder: Path, setting: str, threads: int) -> Callable[[], float]:
-    """A timing of today's (SDPA, KV in state) compilation in ``setting``: each call, the mean CPU seconds of 8 decode
-    steps of one session through every stage."""
+def single_session(folder: Path, setting: str, threads: int, kv: str) -> dict[str, Callable[[], float]]:
+    """Timings of one session on the product's stages (``CompiledStage``, ``kv`` = state or paged) in ``setting``:
+    each call, the mean CPU seconds of 8 decode steps, or of 8 speculative steps (4 positions verified, 2 of
+    them rewound after), through every stage."""
     manifest = Manifest.load(folder)
-    config = RuntimeConfig(device="CPU", threads=threads, precision=setting.split("-")[0])
+    config = RuntimeConfig(device="CPU", threads=threads, precision=setting.split("-")[0], kv=kv)
     stages = [CompiledStage(folder, g, manifest.weights, config) for g in manifest.stages]
     sessions = [s.new_session() for s in stages]
 
-    def through(ids: np.ndarray) -> None:
+    def through(ids: np.ndarray, last_only: bool = True) -> None:
         x = ids
         for s in sessions:
-            x = s.step(x, last_only=True)
+            x = s.step(x, last_only=last_only)
 
     through(_ids(40, 0))
 
-    def timed() -> float:
+    def decode() -> float:
         started = time.process_time()
         for t in range(8):
             through(np.array([[300 + t]], np.int64))
         return (time.process_time() - started) / 8
 
-    return timed
+    def speculate() -> float:
+        started = time.process_time()
+        for t in range(8):
+            through(np.array([[300 + t, 301, 302, 303]], np.int64), last_only=False)
+            for s in sessions:
+                s.rewind(2)
+        return (time.process_time() - started) / 8
+
+    return {f"{kv} decode step, 1 session": decode, f"{kv} speculative step (4 positions, 2 rewound)": speculate}
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> dict[str, Any]:
@@ -207,13 +217,18 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     for setting in args.settings.split(","):
         stages = compile_stages(args.export, setting, blocks=256, threads=args.threads)
         arms = measure(stages, args.tokens)
-        times = timings(stages, sdpa_decode(args.export, setting, args.threads))
+        single = {
+            name: timed
+            for kv in ("state", "paged")
+            for name, timed in single_session(args.export, setting, args.threads, kv).items()
+        }
+        times = timings(stages, single)
         report["settings"][setting] = {"arms": [a.__dict__ for a in arms], "times": times}
         out(f"\n{setting}:")
         for a in arms:
             out(f"  {a.name:28s} max |logit diff| {a.max_abs_diff:.3g}, tokens agree {a.tokens_agree}/{a.tokens}")
         for k, v in times.items():
-            out(f"  {k:36s} {v:.1f}")
+            out(f"  {k:56s} {v:.1f}")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1))
     return report
