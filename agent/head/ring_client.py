@@ -272,7 +272,13 @@ class RingClient:
             self._on_local_step(seconds)
 
     async def close(self) -> None:
+        """End every session (each stage frees it) and drop the connections. A step still waiting fails now, as
+        a lost ring (a chat replays it on the plan's new ring): its answer can no longer arrive."""
+        closed = PeerUnavailableError(
+            f"{self.node}: this head's ring connection was closed (the plan moved the ring, or the agent stops)"
+        )
         for session in list(self._sessions.values()):
+            session._fail(closed)
             with contextlib.suppress(RingError):
                 await session.close()
         await self._drop_connections()
