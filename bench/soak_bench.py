@@ -505,6 +505,7 @@ class _Soak:
             report["chaos"] = _chaos_report(faults, outcomes)
         report["goals"] = _goals(report)
         report["outcome_rows"] = [o.summary() for o in outcomes]
+        report["samples"] = self.samples  # every agent's figures against time: a drift's shape (a plateau, a leak)
         return report
 
 
