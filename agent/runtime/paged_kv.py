@@ -12,7 +12,6 @@ by its next step. Nothing is copied between a state and the blocks.
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from collections.abc import Sequence
@@ -24,8 +23,6 @@ import openvino as ov
 from agent.errors import FleetBusyError, RuntimeStageError
 from agent.runtime.kv_blocks import BlockAllocator, BlockTable
 from agent.runtime.paged_prefill import PagedPrefill, sequences_feed
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,12 +99,17 @@ class PagedKV:
             self._free_released()
             self._reserve(rows)
             total = sum(r.inputs.shape[1] for r in rows)
-            if len(rows) > 1 and total > self.compiled.inference_positions:
-                outs = [np.array(self._run_chunked(r)) for r in rows]  # each reuses the output buffer
-            elif len(rows) == 1:
-                outs = [self._run_chunked(rows[0])]
-            else:
-                outs = self._infer(rows)
+            try:
+                if len(rows) > 1 and total > self.compiled.inference_positions:
+                    outs = [np.array(self._run_chunked(r)) for r in rows]  # each reuses the output buffer
+                elif len(rows) == 1:
+                    outs = [self._run_chunked(rows[0])]
+                else:
+                    outs = self._infer(rows)
+            except BaseException:
+                for row in rows:  # the step did not happen: its sessions hold what they held
+                    self.allocator.truncate(row.session.table, row.session.table.length)
+                raise
             for row in rows:
                 row.session.table.length += row.inputs.shape[1]
             return outs
@@ -148,15 +150,17 @@ class PagedKV:
         parts = []
         table = row.session.table
         start = table.length
-        for begin in range(0, n, step):
-            end = min(n, begin + step)
-            part = PagedRow(row.session, row.inputs[:, begin:end], positions[:, begin:end], row.last_only)
-            if row.last_only and end < n and row.session.holds_head:  # logits of a prompt's last position only
-                self._infer([part], read=False)
-            else:
-                parts.append(np.array(self._infer([part])[0]))
-            table.length += end - begin
-        table.length = start  # the caller counts the whole row
+        try:
+            for begin in range(0, n, step):
+                end = min(n, begin + step)
+                part = PagedRow(row.session, row.inputs[:, begin:end], positions[:, begin:end], row.last_only)
+                if row.last_only and end < n and row.session.holds_head:  # logits of a prompt's last position only
+                    self._infer([part], read=False)
+                else:
+                    parts.append(np.array(self._infer([part])[0]))
+                table.length += end - begin
+        finally:
+            table.length = start  # the caller counts the whole row
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
     def _infer(self, rows: Sequence[PagedRow], read: bool = True) -> list[np.ndarray]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.errors import FleetBusyError
+from agent.errors import FleetBusyError, RuntimeStageError
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed
 from agent.runtime.protocol import KVSession
@@ -154,10 +154,14 @@ def test_speculative_rewinds_of_packed_sessions(paged: Callable[..., list[Compil
 
 
 def test_a_full_pool_answers_busy_and_leaves_the_others(
-    paged: Callable[..., list[CompiledStage]], exported: Callable[..., Path], cache_dir: Path
+    paged: Callable[..., list[CompiledStage]],
+    exported: Callable[..., Path],
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A pool of 4 blocks of 32 positions per stage: a step that would need more is refused as "fleet busy" with
-    every session as it was, the session that fits decodes on, and a reset gives its blocks back."""
+    every session as it was, the session that fits decodes on, and a reset gives its blocks back; so does a step
+    whose inference fails (made to: OpenVINO computed hidden states of a wrong width without complaint)."""
     stages = _stages(exported(3, "int4"), cache_dir, threads=1, kv="paged", kv_positions=128)
     a, b = ([stage.new_session() for stage in stages] for _ in range(2))
     run_packed([PackedStep(a, np.array([PROMPTS[7]], dtype=np.int64), 0, last_only=True)])  # 47: 2 blocks
@@ -178,6 +182,17 @@ def test_a_full_pool_answers_busy_and_leaves_the_others(
     for s in a:
         s.reset()
     assert all(stage.paged_kv is not None and stage.paged_kv.allocator.free_blocks == 4 for stage in stages)
+    pool = stages[1].paged_kv
+    assert pool is not None
+    broken = pool.new_session()
+
+    def refuse() -> None:
+        raise RuntimeError("the plugin failed")
+
+    monkeypatch.setattr(pool.request, "infer", refuse)
+    with pytest.raises(RuntimeStageError, match="the plugin failed"):
+        broken.step(np.zeros((1, 40, 576), np.float32))
+    assert broken.logical_length == 0 and pool.allocator.free_blocks == 4
 
 
 def test_a_prompt_cut_anyhow_leaves_the_same_numbers(paged: Callable[..., list[CompiledStage]]) -> None:
