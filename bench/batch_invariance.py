@@ -26,7 +26,7 @@ import numpy as np
 import openvino as ov
 
 from agent.runtime.config import RuntimeConfig
-from agent.runtime.paged_kv import PagedKV, PagedKVSession, PagedRow
+from agent.runtime.paged_kv import PagedKV, PagedKVSession, PagedRow, paged_pads
 from agent.runtime.paged_prefill import compile_paged_prefill
 from agent.runtime.stage import CompiledStage, compile_properties, default_inference_precision
 from shards.manifest import Manifest
@@ -69,7 +69,8 @@ def compile_stages(folder: Path, setting: str, blocks: int, threads: int) -> lis
         props.update(SETTINGS[setting])
         props.pop("KV_CACHE_PRECISION", None)
         compiled = compile_paged_prefill(core, str(folder / graph.xml), graph.inputs[0], graph.outputs[0], "CPU", props)
-        stages.append(PagedKV(compiled, blocks, graph.name))
+        pads = paged_pads(threads, config.precision == "f32" or manifest.weights in ("fp32", "fp16"))
+        stages.append(PagedKV(compiled, blocks, graph.name, pads=pads))
     return stages
 
 

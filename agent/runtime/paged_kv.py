@@ -42,12 +42,19 @@ class PagedKV:
     """A stage's paged compilation, its block pool (one array per layer, bound to one request once) and the
     allocator lending the pool's blocks to the sessions it makes."""
 
-    def __init__(self, compiled: PagedPrefill, blocks: int, name: str = "stage") -> None:
+    def __init__(self, compiled: PagedPrefill, blocks: int, name: str = "stage", *, pads: bool = False) -> None:
         """``blocks``: the pool's size in blocks of ``compiled.block_size`` positions. The arrays are zeroed
-        lazily by the OS: blocks never used cost no memory."""
+        lazily by the OS: blocks never used cost no memory. ``pads``: an inference of one position gets a second,
+        unread one (in a block of its own), and a head reads at least two rows, so that no matmul ever takes one
+        row (on two threads below f32 the plugin rounds one row otherwise than two or more: ``paged_pads``)."""
         self.compiled = compiled
         self.name = name
-        self.allocator = BlockAllocator(blocks, compiled.block_size)
+        self.allocator = BlockAllocator(blocks + pads, compiled.block_size)
+        self._scratch: list[int] | None = None
+        if pads:
+            scratch = BlockTable()
+            self.allocator.reserve(scratch, 1)
+            self._scratch = scratch.blocks
         self._lock = threading.Lock()
         self._released: list[BlockTable] = []  # tables of sessions collected: freed at the next run
         shape = (blocks, compiled.kv_heads, compiled.block_size, compiled.head_size)
@@ -179,18 +186,26 @@ class PagedKV:
                 past.append(length + begin)
                 tables.append(table[: self.allocator.blocks_for(length + begin + size)])
                 sequences.append(size)
-        inputs = rows[0].inputs[0] if len(rows) == 1 else np.concatenate([r.inputs[0] for r in rows])
-        positions = np.concatenate([_positions(r)[0] for r in rows])
-        feed = sequences_feed(c.graph.token_input, inputs, positions, past, sequences, tables)
+        inputs = [r.inputs[0] for r in rows]
+        positions = [_positions(r)[0] for r in rows]
+        if self._scratch is not None and sum(counts) == 1:  # a position of its own beside it, never read
+            inputs.append(inputs[0])
+            positions.append(np.zeros(1, np.int64))
+            past.append(0)
+            tables.append(self._scratch)
+            sequences.append(1)
+        rows_in = inputs[0] if len(inputs) == 1 else np.concatenate(inputs)
+        feed = sequences_feed(c.graph.token_input, rows_in, np.concatenate(positions), past, sequences, tables)
         if c.selects_positions:
             # a head computes the rows asked for only: each row's last position, or all of its positions
             ends = np.cumsum(counts)
-            feed["logits_index"] = np.concatenate(
+            index = np.concatenate(
                 [
                     np.arange(e - 1 if r.last_only or not read else e - n, e)
                     for r, e, n in zip(rows, ends, counts, strict=True)
                 ]
             ).astype(np.int64)
+            feed["logits_index"] = np.repeat(index, 2) if self._scratch is not None and len(index) == 1 else index
         try:
             for name, array in feed.items():
                 port, dtype = self._inputs[name]
@@ -264,19 +279,27 @@ def pool_blocks(positions: int, block_size: int) -> int:
 #   bit-identical to 5 steps, in both; so ``PagedKV`` verifies drafts that way.
 # - one thread, f32: packed beside others, up to 9.4e-5 (a step of one row alone takes other matmul kernels than
 #   several rows), 5 positions in one step up to 8.0e-5: the rounding f32's exactness lives with already;
-# - two threads, ``auto``: packed beside others, up to 0.62 (the rows' matmuls split otherwise); f32, 7.3e-5.
+# - two threads, ``auto``: packed beside others, up to 0.62; f32, 7.3e-5. But beside 1, 2, 3, 5 or 7 others alike,
+#   bit for bit (auto): only a matmul of one row is rounded otherwise, so such a stage pads (``paged_pads``).
+
+
+def paged_pads(threads: int | None, f32: bool) -> bool:
+    """Whether a paged-KV CPU stage's inferences never take one row alone (``PagedKV``'s ``pads``): on two threads
+    below f32, where one row is rounded otherwise than two or more, and two or more all alike."""
+    return threads == 2 and not f32
 
 
 def paged_packs_alike(threads: int | None, f32: bool) -> bool:
     """Whether a session's numbers on a paged-KV CPU stage do not depend on the rows packed beside it: on one
-    thread (bit for bit below f32; in f32, to its rounding), or in f32 (to its rounding)."""
-    return threads == 1 or f32
+    thread, or two with ``paged_pads`` (bit for bit below f32), or in f32 (to its rounding)."""
+    return threads in (1, 2) or f32
 
 
 def paged_speculation_is_exact(threads: int | None, f32: bool) -> bool:
     """Whether verifying drafts in one step equals single steps on a paged-KV CPU stage: in f32, and on one thread
-    (drafts go in as sequences of one position, and the rows beside them do not move them)."""
-    return f32 or threads == 1
+    or two with ``paged_pads`` (drafts go in as sequences of one position, and the rows beside them do not move
+    them)."""
+    return f32 or threads in (1, 2)
 
 
 def paged_computes_alike(threads: int | None, f32: bool) -> str:

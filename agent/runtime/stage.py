@@ -21,6 +21,7 @@ from agent.runtime.paged_kv import (
     PagedKVSession,
     paged_computes_alike,
     paged_packs_alike,
+    paged_pads,
     paged_speculation_is_exact,
     pool_blocks,
 )
@@ -359,7 +360,8 @@ class CompiledStage:
             blocks,
             compiled.block_size,
         )
-        return PagedKV(compiled, blocks, self.graph.name)
+        pads = paged_pads(config.threads, _computes_in_f32(weights, config))
+        return PagedKV(compiled, blocks, self.graph.name, pads=pads)
 
     def _choice_key(self, graph: GraphEntry, weights: str, config: RuntimeConfig) -> str:
         """What a timed precision choice holds for: the graph's files, this device and its settings, OpenVINO."""
