@@ -178,6 +178,9 @@ class ChatService:
         """Answers that were not exact (``AnswerTally.exact``)."""
         self.replayed = 0
         """Answers' histories replayed into fresh sessions after a lost ring, all told."""
+        self.local_packs = 0
+        self.local_packed_steps = 0
+        """Packs its chats' steps made on its own stages (``agent.head.local_packer``), and the steps they held."""
         self.totals: Counter[str] = Counter()
         """What every answer given added up to: tokens, prompt and cached tokens, steps, drafts, seconds."""
         self.refused: Counter[str] = Counter()
@@ -285,6 +288,8 @@ class ChatService:
             "local_sessions": self.server.table.local if self._holds_all or self._holds_first else 0,
             "local_steps": self.server.local_steps,
             "local_compute_seconds": round(self.server.local_compute_seconds, 6),
+            "local_packs": self.local_packs,
+            "local_packed_steps": self.local_packed_steps,
             "kept": len(self.kept),
             "replayed": self.replayed,
             "totals": dict(self.totals),
@@ -668,10 +673,16 @@ class ChatService:
                     deadline=StepDeadline(self.config.step_timeout),
                     prefill_chunk=self.config.prefill_chunk,
                     on_local_step=self.server.count_local_step,
+                    packing=self.config.packing,
+                    on_local_pack=self._count_local_pack,
                 )
                 await client.connect(self._ring_timeout)
                 self._client = client
             return self._client
+
+    def _count_local_pack(self, steps: int) -> None:
+        self.local_packs += 1
+        self.local_packed_steps += steps
 
     @property
     def _ring_timeout(self) -> float:

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
@@ -26,10 +25,11 @@ from agent.errors import (
     SessionEvictedError,
     SessionFailedError,
 )
+from agent.head.local_packer import HEAD_PACKING, LocalPacker, LocalStep
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_chunks
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
-from agent.runtime.pipeline import run_stages
+from agent.runtime.packer import PackPolicy
 from agent.runtime.protocol import KVSession, Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.params import SamplingParams
@@ -94,13 +94,18 @@ class RingClient:
         deadline: StepDeadline | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         on_local_step: Callable[[float], None] | None = None,
+        packing: PackPolicy | None = HEAD_PACKING,
+        on_local_pack: Callable[[int], None] | None = None,
     ) -> None:
         """``liveness``: how the head's two links are watched (heartbeats; ``Liveness()`` by default);
         ``on_local_step``: told the seconds of each step computed on ``local_stages`` (on the event loop: the agent
         counts them with its stages' ring steps);
         ``deadline``: how long one step's answer is waited for (``StepDeadline()`` by default);
         ``prefill_chunk``: positions per chunk of a long prompt, pipelined through the ring (0: one step;
-        ``agent.head.prefill``)."""
+        ``agent.head.prefill``);
+        ``packing``: how the steps that the head's sessions queue for ``local_stages`` meanwhile go through them
+        together (``agent.head.local_packer``; None: one at a time); ``on_local_pack``: told the steps (or prompt
+        chunks) of each pack computed on them."""
         self.manifest = manifest
         self.first_address = first
         self.last_address = last
@@ -118,6 +123,7 @@ class RingClient:
         self.prefill_chunk = prefill_chunk
         self._wire_dtype = wire_numpy_dtype(wire_dtype, self.local_stages[-1]) if self.local_stages else np.float32
         self.head_id = secrets.randbits(32) or 1
+        self.local = LocalPacker(self.local_stages, executor, packing, self._wire_dtype, node, on_pack=on_local_pack)
         self._first: FrameConnection | None = None
         self._last: FrameConnection | None = None
         self._sessions: dict[int, RingSession] = {}
@@ -262,9 +268,6 @@ class RingClient:
 
     def forget(self, session: RingSession) -> None:
         self._sessions.pop(session.id, None)
-
-    async def run_local(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def counted_local(self, seconds: float) -> None:
         """One step computed on the head's own stages, in ``seconds``."""
@@ -491,11 +494,14 @@ class RingSession:
     async def _send_step(self, fields: FrameFields, ids: list[int]) -> None:
         if self._local:
             prompt = bool(fields["flags"] & (StepFlags.PART | StepFlags.LAST_ONLY))
-            hidden, seconds = await self.client.run_local(
-                self._run_local, ids, fields["rewind"], fields["position"], prompt
-            )
-            self.client.counted_local(seconds)
-            frame = Frame.tensor(FrameType.STEP, hidden, **fields)
+            step = LocalStep(self._local, ids, fields["position"], fields["rewind"], prompt)
+            output = await self.client.local.run(self.id, step)
+            self.client.counted_local(output.seconds)
+            self._repeatable = self._repeatable and output.repeatable
+            pending = self._pending.get(fields["step"])
+            if pending is not None and not output.settled:
+                self._pending[fields["step"]] = replace(pending, settled_here=False)
+            frame = Frame.tensor(FrameType.STEP, output.hidden, **fields)
         else:
             frame = Frame.tensor(FrameType.STEP, np.asarray([ids], dtype=np.int32), **fields)
         sent = len(frame.payload) if isinstance(frame.payload, bytes) else frame.payload.nbytes
@@ -503,14 +509,6 @@ class RingSession:
         if fields["step"] < self._prompt_steps:
             self.prompt_bytes_sent += sent
         await self.client.send_first(frame)
-
-    def _run_local(self, ids: list[int], rewind: int, position: int, prompt: bool) -> tuple[np.ndarray, float]:
-        """Runs on the executor: the hidden states of ``ids`` from the head's own stages, and the seconds taken
-        (``prompt``: a prompt's step or chunk, which a stage may compute on its prompt compilation)."""
-        started = time.perf_counter()
-        x = run_stages(self._local, np.asarray([ids], dtype=np.int64), position, rewind=rewind, last_only=prompt)
-        hidden = np.array(x, dtype=self.client._wire_dtype)
-        return hidden, time.perf_counter() - started
 
     async def park(self) -> None:
         """Tell every stage the session waits for its conversation's next turn (``FrameType.PARK``): a stage

@@ -99,6 +99,20 @@ def _stage_metrics(status: Mapping[str, Any], node: str) -> Iterator[Metric]:
         node,
         (status.get("compute_seconds") or 0.0) + (status.get("local_compute_seconds") or 0.0),
     )
+    own = chat if isinstance(chat, Mapping) else {}
+    yield _counter(
+        "shoal_stage_packs",
+        "Inferences of this agent's stages that packed the steps of several sessions (or one, alone): the ring's "
+        "and its own chats'.",
+        node,
+        (status.get("packs") or 0) + (own.get("local_packs") or 0),
+    )
+    yield _counter(
+        "shoal_stage_packed_steps",
+        "Steps (or prompt chunks) those packs held: divided by shoal_stage_packs, the steps per pack.",
+        node,
+        (status.get("packed_steps") or 0) + (own.get("local_packed_steps") or 0),
+    )
     times = status.get("step_seconds")
     if isinstance(times, Mapping) and times.get("le"):
         family = HistogramMetricFamily(

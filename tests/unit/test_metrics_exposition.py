@@ -59,3 +59,16 @@ def test_a_donor_says_what_it_does_now_and_an_agent_that_is_no_donor_says_nothin
     assert samples["shoal_donor_state{state=away}"] == 1
     assert samples["shoal_donor_state{state=serving}"] == 0 and samples["shoal_donor_state{state=off}"] == 0
     assert not any(name.startswith("shoal_donor") for name in _samples({"node": "n3"}))
+
+
+def test_packs_count_the_rings_and_the_heads_own_and_are_0_where_none_were_made() -> None:
+    status = {
+        "node": "n4",
+        "packs": 3,
+        "packed_steps": 7,
+        "chat": {"local_packs": 2, "local_packed_steps": 9},
+    }
+    samples = _samples(status)
+    assert samples["shoal_stage_packs_total"] == 5 and samples["shoal_stage_packed_steps_total"] == 16
+    alone = _samples({"node": "n5"})
+    assert alone["shoal_stage_packs_total"] == 0 and alone["shoal_stage_packed_steps_total"] == 0

@@ -1,0 +1,143 @@
+"""A head that holds stage 0 packs its own sessions' steps there (issue 45): what its sessions queue while its
+stages are busy goes through them in one ``run_packed`` call, each session's answer still the one it gets alone;
+a step that fails fails only its session.
+
+Each test holds the head's compute thread for a moment so that several sessions' steps queue behind it: what the
+head then computes is a pack, whatever the timing of the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from agent.errors import RuntimeStageError
+from agent.head.drafters import NGramDrafter
+from agent.head.ring_client import RingClient
+from agent.runtime.packer import PackPolicy
+from tests.middle.test_packed_sessions import BUDGET, LONG, PROMPTS
+from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
+from tests.support.toy_model import ToySession, ToyStage
+
+
+@contextlib.asynccontextmanager
+async def head_ring(packing: PackPolicy | None) -> AsyncIterator[tuple[ToyRing, RingClient, ThreadPoolExecutor]]:
+    """A toy ring of three stages whose stage 0 a head holds itself (its agent at stage 0 stays unused), and the
+    head's compute thread."""
+    ring = await ToyRing.start(max_sessions=8)
+    executor = ThreadPoolExecutor(1, thread_name_prefix="head")
+    stage = ToyStage(ring.manifest.stages[0], ring.weights)
+    client = RingClient(
+        ring.manifest,
+        ring.servers[1].address,
+        ring.servers[-1].address,
+        ring.network.host("10.9.0.100"),
+        "head",
+        local_stages=[stage],
+        executor=executor,
+        liveness=ring.liveness,
+        packing=packing,
+    )
+    await client.connect()
+    try:
+        yield ring, client, executor
+    finally:
+        await client.close()
+        await ring.stop()
+        executor.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def held(executor: ThreadPoolExecutor) -> AsyncIterator[None]:
+    """Keep the head's compute thread busy until the block ends: the sessions' steps queue up meanwhile."""
+    gate = threading.Event()
+    busy = asyncio.get_running_loop().run_in_executor(executor, gate.wait)
+    try:
+        yield
+    finally:
+        gate.set()
+        await busy
+
+
+async def queued(client: RingClient, sessions: int) -> None:
+    """Until at least ``sessions`` sessions have a step queued for the head's stages."""
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while len(client.local._queues) < sessions:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"only {len(client.local._queues)} sessions ever queued at the head")
+        await asyncio.sleep(0.002)
+
+
+def test_a_heads_sessions_are_packed_on_its_own_stages_and_answer_as_alone() -> None:
+    async def main() -> None:
+        async with head_ring(PackPolicy(budget=BUDGET)) as (ring, client, executor):
+            prompts = (*PROMPTS, LONG)
+            expected = [await reference(ring, p) for p in prompts]
+            sessions = [await client.open_session(GREEDY) for _ in prompts]
+            drafters = [NGramDrafter() if i == 2 else None for i in range(len(prompts))]
+            async with held(executor):
+                answers = [
+                    asyncio.ensure_future(answer(s, p, drafter=d))
+                    for s, p, d in zip(sessions, prompts, drafters, strict=True)
+                ]
+                await queued(client, len(answers))
+            assert list(await asyncio.gather(*answers)) == expected
+            packer = client.local
+            assert packer.packs < packer.packed_steps, "the head never computed two sessions' steps together"
+            # the first pack held one step of every session: their prompts (the long one cut to the budget)
+            assert packer.packed_steps - packer.packs >= len(prompts) - 1
+            assert all(s.repeatable() for s in sessions)
+            for session in sessions:
+                await session.close()
+
+    run(main)
+
+
+def test_packing_off_at_the_head_computes_one_step_at_a_time_with_the_same_answers() -> None:
+    async def main() -> None:
+        async with head_ring(None) as (ring, client, executor):
+            expected = [await reference(ring, p) for p in PROMPTS]
+            sessions = [await client.open_session(GREEDY) for _ in PROMPTS]
+            async with held(executor):
+                answers = [asyncio.ensure_future(answer(s, p)) for s, p in zip(sessions, PROMPTS, strict=True)]
+                await queued(client, len(answers))
+            assert list(await asyncio.gather(*answers)) == expected
+            assert client.local.packs == client.local.packed_steps > 0
+
+    run(main)
+
+
+def test_a_step_that_fails_on_the_heads_stages_fails_only_its_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack that raises fails the sessions it held (they may be half computed); at a budget of 4 rows a prompt's
+    chunk is packed alone, so the doomed session's prompt fails in a pack of its own and the others go on."""
+
+    async def main() -> None:
+        async with head_ring(PackPolicy(budget=BUDGET)) as (ring, client, executor):
+            expected = [await reference(ring, p) for p in PROMPTS]
+            sessions = [await client.open_session(GREEDY) for _ in PROMPTS]
+            doomed = sessions[1]._local[0]
+            step = ToySession.step
+
+            def failing(self: ToySession, inputs: np.ndarray, *args: object, **kwargs: object) -> np.ndarray:
+                if self is doomed:
+                    raise RuntimeStageError("the toy stage fails this session's step")
+                return step(self, inputs, *args, **kwargs)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(ToySession, "step", failing)
+            async with held(executor):
+                answers = [asyncio.ensure_future(answer(s, p)) for s, p in zip(sessions, PROMPTS, strict=True)]
+                await queued(client, len(answers))
+            results = await asyncio.gather(*answers, return_exceptions=True)
+            assert isinstance(results[1], RuntimeStageError)
+            assert [r for i, r in enumerate(results) if i != 1] == [e for i, e in enumerate(expected) if i != 1]
+            # the head goes on packing: a new session after the failure answers as alone
+            again = await client.open_session(GREEDY)
+            assert await answer(again, PROMPTS[0]) == expected[0]
+
+    run(main)
