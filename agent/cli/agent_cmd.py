@@ -12,7 +12,8 @@ from agent.cli.common import FAST_PREFILL_HELP, PREFILL_ATTENTION_HELP, REWIND_H
 from agent.head.drafters import DRAFTERS
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
 from agent.node.config import AgentConfig, load_agent_config
-from agent.runtime.config import PREFILL_ATTENTIONS, REWINDS
+from agent.runtime.config import KV_MODES, PREFILL_ATTENTIONS, REWINDS
+from agent.runtime.packer import DEFAULT_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,29 @@ def _add_stage_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rewind", choices=REWINDS, default=None, help=REWIND_HELP)
     p.add_argument("--max-sessions", type=int, default=None, help="sessions held at once (default 8)")
     p.add_argument(
+        "--kv",
+        choices=KV_MODES,
+        default=None,
+        help="where the stages keep their sessions' KV: state (each session its own, steps one by one) or paged "
+        "(one shared block pool on the CPU, so that several sessions' steps go through in one inference); the "
+        "chats this agent heads on its own stages too (default state)",
+    )
+    p.add_argument(
+        "--pack-budget",
+        type=int,
+        default=None,
+        metavar="ROWS",
+        help=f"rows per packed inference: the ready steps of several sessions go together, decode rows first, "
+        f"then prompt chunks of at most this many positions (0: one step at a time; default {DEFAULT_BUDGET})",
+    )
+    p.add_argument(
+        "--pack-window",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long an idle stage waits after a step arrives for others to pack with it (default 0)",
+    )
+    p.add_argument(
         "--wire-dtype",
         choices=("auto", "f32", "f16"),
         default=None,
@@ -178,6 +202,9 @@ def run_agent(args: argparse.Namespace, cache_dir: Path, data_dir: Path) -> int:
         "prefill_attention": args.prefill_attention,
         "rewind": args.rewind,
         "max_sessions": args.max_sessions,
+        "kv": args.kv,
+        "pack_budget": args.pack_budget,
+        "pack_window": args.pack_window,
         "wire_dtype": args.wire_dtype,
         "verify": False if args.no_verify else None,
         "chat": args.chat,

@@ -66,7 +66,8 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
     lines = [
         f"agent {status.get('node')} at {address}, up {status.get('uptime_s')} s: {serving}",
         f"  sessions {len(status.get('sessions') or [])} of {status.get('max_sessions')} "
-        f"(parked {status.get('parked')}, evicted {status.get('evicted')}), steps served {status.get('steps_served')}",
+        f"(parked {status.get('parked')}, evicted {status.get('evicted')}), steps served {status.get('steps_served')}"
+        f"{_packs(status.get('packs'), status.get('packed_steps'))}",
     ]
     members = status.get("members")
     if isinstance(members, dict):
@@ -98,6 +99,7 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
         lines.append(
             f"  chats at {chat.get('endpoint')}: {chat.get('answered')} answered{inexact}, "
             f"{chat.get('running')} running{context}"
+            f"{_packs(chat.get('local_packs'), chat.get('local_packed_steps'), ' on its own stages')}"
         )
         for done, total in chat.get("prompts_in", []):
             lines.append(f"  a prompt going in: {done:,} of {total:,} positions")
@@ -105,6 +107,13 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
     if isinstance(plan, dict):
         lines.extend("  " + line for line in plan_lines(plan))
     return lines
+
+
+def _packs(packs: Any, steps: Any, where: str = "") -> str:
+    """How many packed inferences computed how many steps (issue 45), where any were made."""
+    if not packs:
+        return ""
+    return f", {steps} steps in {packs} packs{where} ({steps / packs:.2f} a pack)"
 
 
 def _bytes_done(done: int, total: int) -> str:
