@@ -627,10 +627,15 @@ class Ring:
         agent_args: Sequence[str] = (),
         users: int = 1,
         head_stage: bool = True,
+        head_kv: str = "state",
+        head_packs: bool = True,
     ) -> None:
         """``agent_args``: further ``shoal agent`` flags of every agent (``--config`` with packing off, say);
         ``users``: the most users a run may have (each a drafter of its own); ``head_stage``: the head holds stage
-        0 (else an agent serves it, pinned to the head's core, and the head only drives its users)."""
+        0 (else an agent serves it, pinned to the head's core, and the head only drives its users); ``head_kv``:
+        where that stage keeps its sessions' KV; ``head_packs``: whether the head packs its users' steps there."""
+        self.head_kv = head_kv
+        self.head_packs = head_packs
         self.agent_args = tuple(agent_args)
         self.users = users
         self.head_stage = head_stage
@@ -685,6 +690,7 @@ class Ring:
         from agent.cli.status_link import StatusLink
         from agent.fleet import issue_node
         from agent.head.drafting import make_drafter
+        from agent.head.local_packer import HEAD_PACKING
         from agent.head.ring_client import RingClient
         from agent.runtime.config import RuntimeConfig
         from agent.runtime.stage import CompiledStage
@@ -697,7 +703,11 @@ class Ring:
         export = self.exports.ring
         self.manifest = Manifest.load(export)
         config = RuntimeConfig(
-            device="CPU", threads=1, cache_dir=self.cache_dir / "ov-cache", rewind=self.settings.rewind
+            device="CPU",
+            threads=1,
+            cache_dir=self.cache_dir / "ov-cache",
+            rewind=self.settings.rewind,
+            kv=self.head_kv,
         )
         if self.head_stage:
             _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
@@ -710,6 +720,7 @@ class Ring:
             identity.name,
             local_stages=self.stages,
             executor=self.executor,
+            packing=HEAD_PACKING if self.head_packs else None,
         )
         await self.client.connect(timeout=120.0)
         self.status_links = [await StatusLink.open(agent.address, identity) for agent in self.agents]

@@ -56,6 +56,14 @@ AGENT_SETTINGS = {
     "packed+2ms": 'kv = "paged"\npack_window = 0.002\n',
 }
 """The agent config file of each ring."""
+HEAD_SETTINGS = {
+    "state": ("state", False),
+    "paged": ("paged", False),
+    "packed": ("paged", True),
+    "packed+2ms": ("paged", True),
+}
+"""Each ring's head, when it holds stage 0: where that stage keeps its sessions' KV, and whether the head packs its
+users' steps there (``agent.head.local_packer``), as the ring's agents do."""
 RING_OF = {
     "pp": "state",
     "pp+sd": "state",
@@ -102,6 +110,8 @@ def run_users(args: argparse.Namespace, cache_dir: Path) -> int:
                 extra,
                 users=max(users),
                 head_stage=not args.stageless_head,
+                head_kv=HEAD_SETTINGS[name][0],
+                head_packs=HEAD_SETTINGS[name][1],
             )
     raw: dict[str, Any] = {
         "settings": {
@@ -188,18 +198,24 @@ async def _measure(
 
 
 async def _packing(ring: Ring) -> dict[str, float]:
-    """The agents' packs and the steps they held, so far (a run's are the difference)."""
+    """The agents' packs and the steps they held, and the head's on its own stage 0, so far (a run's are the
+    difference)."""
     statuses = await asyncio.gather(*(link.get() for link in ring.status_links))
     return {
         "agent_packs": float(sum(s.get("packs", 0) for s in statuses)),
         "agent_packed_steps": float(sum(s.get("packed_steps", 0) for s in statuses)),
+        "head_packs": float(ring.client.local.packs),
+        "head_packed_steps": float(ring.client.local.packed_steps),
     }
 
 
 def _packed_text(packing: dict[str, float]) -> str:
-    if not packing.get("agent_packs"):
-        return ""
-    return f"agents' steps per pack {packing['agent_packed_steps'] / packing['agent_packs']:.2f}, "
+    text = ""
+    if packing.get("head_packs"):
+        text += f"head's steps per pack {packing['head_packed_steps'] / packing['head_packs']:.2f}, "
+    if packing.get("agent_packs"):
+        text += f"agents' steps per pack {packing['agent_packed_steps'] / packing['agent_packs']:.2f}, "
+    return text
 
 
 def _text(values: list[float]) -> str:
