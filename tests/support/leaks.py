@@ -30,12 +30,30 @@ from typing import Any
 FD_FOLDER = "/proc/self/fd"
 
 THREAD_ALLOWANCES: tuple[tuple[str, str], ...] = (
-    ("^tqdm_monitor$", "tqdm's monitor: started with the first progress bar, it runs to the end of the process"),
+    ("^tqdm_monitor ", "tqdm's monitor: started with the first progress bar, it runs to the end of the process"),
+    (
+        "started at .*/openvino_telemetry/",
+        "openvino_telemetry sends each event from a thread pool of its own that it never shuts down",
+    ),
 )
-"""(pattern matched against a thread's name, why a thread of that name may outlive the test that started it)."""
+"""(pattern matched against a thread's description, ``describe_thread``: its name, target and where it was
+started; why such a thread may outlive the test that started it)."""
 
-FD_ALLOWANCES: tuple[tuple[str, str], ...] = ()
+FD_ALLOWANCES: tuple[tuple[str, str], ...] = (
+    (r"^/dev/shm/pym-\d+-", "multiprocessing's shared-memory heap (a Value, an Array) keeps its arenas for reuse"),
+)
 """(pattern matched against what a descriptor points to, why it may outlive the test that opened it)."""
+
+
+def long_lived_fds() -> frozenset[int]:
+    """Descriptors that live to the end of the process by design, told by who holds them rather than by what
+    they point to (a pipe is a pipe): multiprocessing's resource tracker, started by the first semaphore or
+    shared memory of a spawn context, keeps the write end of its pipe."""
+    from multiprocessing import resource_tracker
+
+    fd = getattr(resource_tracker._resource_tracker, "_fd", None)
+    return frozenset({fd}) if isinstance(fd, int) else frozenset()
+
 
 SETTLE_SECONDS = 2.0
 """How long a thread or descriptor may take to go after the test: a worker finishing its last item, a transport
@@ -214,18 +232,29 @@ class Baseline:
         return cls(frozenset(threading.enumerate()), frozenset(open_fds().items()))
 
     def new_threads(self) -> list[threading.Thread]:
+        started = self.ledger.started_at
         return [
             t
             for t in threading.enumerate()
-            if t not in self.threads and t.is_alive() and not _allowed(THREAD_ALLOWANCES, t.name)
+            if t not in self.threads
+            and t.is_alive()
+            and not _allowed(THREAD_ALLOWANCES, describe_thread(t, started.get(t)))
         ]
 
     def new_fds(self) -> dict[int, str]:
+        kept = long_lived_fds()
         return {
             fd: target
             for fd, target in open_fds().items()
-            if (fd, target) not in self.fds and not _allowed(FD_ALLOWANCES, target)
+            if (fd, target) not in self.fds and fd not in kept and not _allowed(FD_ALLOWANCES, target)
         }
+
+    def absorb(self) -> None:
+        """Count every thread and descriptor open now as there before the test: called when the test set up a
+        fixture of a wider scope (``request.getfixturevalue`` in its body), whose agents and files are meant to
+        outlive it."""
+        self.threads |= frozenset(threading.enumerate())
+        self.fds |= frozenset(open_fds().items())
 
     def leaks(self, threads: bool = True, fds: bool = True, settle_s: float = SETTLE_SECONDS) -> list[str]:
         """What the test left: one line per kind (tasks, threads, descriptors), empty when it left nothing.

@@ -20,6 +20,8 @@ CONFTEST = (ROOT / "tests" / "conftest.py").read_text(encoding="utf-8")
 CASES = """
 import asyncio, socket, threading
 
+import pytest
+
 def test_leaves_a_task_to_asyncio_run():
     async def forgotten():
         await asyncio.sleep(3600)
@@ -53,6 +55,19 @@ def test_leaves_a_daemon_thread():
 def test_fails_holding_a_file(tmp_path):
     held = open(tmp_path / "held.txt", "w")
     assert held.closed, "the failure, and only it, is reported"
+
+@pytest.fixture(scope="session")
+def kept_for_the_session(tmp_path_factory):
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, name="session-worker")
+    worker.start()
+    with open(tmp_path_factory.mktemp("session") / "kept.txt", "w") as kept:
+        yield kept
+    stop.set()
+    worker.join()
+
+def test_asks_for_a_session_fixture_in_its_body(request):
+    request.getfixturevalue("kept_for_the_session")  # its thread and file are the session's
 
 def test_cleans_up_after_itself(tmp_path):
     async def served():
@@ -90,16 +105,19 @@ LEAKS = [
 
 def test_a_test_that_leaks_fails_naming_the_leak(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the conftest imports tests.support
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # in a folder below the root, as tests/ is: a session fixture's setup is the root's, outside that folder
+    suite = pytester.mkdir("suite")
+    (suite / "conftest.py").write_text(CONFTEST, encoding="utf-8")
+    (suite / "test_cases.py").write_text(CASES, encoding="utf-8")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "suite")
     # a failure at teardown counts as an error beside the pass; the failed test's open file (its traceback holds
     # it) is not reported
-    result.assert_outcomes(passed=6, failed=1, errors=5)
+    result.assert_outcomes(passed=7, failed=1, errors=5)
     for line in LEAKS:
         result.stdout.fnmatch_lines([line], consecutive=False)
     assert "ERROR test_cases.py::test_fails_holding_a_file" not in result.stdout.str()
-    assert "test_cleans_up_after_itself - " not in result.stdout.str()
+    for clean in ("test_asks_for_a_session_fixture_in_its_body", "test_cleans_up_after_itself"):
+        assert f"{clean} - " not in result.stdout.str()
 
 
 def test_a_descriptor_is_seen_while_open_and_named(tmp_path: Path) -> None:
