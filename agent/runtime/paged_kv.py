@@ -69,6 +69,7 @@ class PagedKV:
             for i, port in enumerate(self.request.model_inputs)
             for name in port.get_names()
         }
+        self._fed: list[ov.Tensor] = []
         self.inferences = 0
         """Inferences run, all told (one per packed step, more for steps longer than ``inference_positions``)."""
 
@@ -207,9 +208,14 @@ class PagedKV:
             ).astype(np.int64)
             feed["logits_index"] = np.repeat(index, 2) if self._scratch is not None and len(index) == 1 else index
         try:
+            fed = []
             for name, array in feed.items():
                 port, dtype = self._inputs[name]
-                self.request.set_input_tensor(port, ov.Tensor(np.require(array, dtype, "C"), shared_memory=True))
+                fed.append(ov.Tensor(np.require(array, dtype, "C"), shared_memory=True))
+                self.request.set_input_tensor(port, fed[-1])
+            # the request reads the arrays, not the tensors' references to them: held until the next inference
+            # (a converted copy referenced by its tensor alone could be freed before this one ran)
+            self._fed = fed
             self.request.infer()
         except RuntimeError as exc:
             raise RuntimeStageError(f"{self.name}: packed inference of {len(rows)} steps failed: {exc}") from exc

@@ -258,3 +258,20 @@ def test_sessions_leaving_mid_decode_leave_the_others_alone(paged: Callable[...,
         assert stage.paged_kv is not None
         stage.paged_kv.reserve([])  # gives back the blocks of sessions collected
         assert stage.paged_kv.allocator.used_blocks == 0
+
+
+def test_inputs_of_other_dtypes_go_in_converted(paged: Callable[..., list[CompiledStage]]) -> None:
+    """Token ids as int32 and hidden states as f16 (the wire's) go in as converted copies, which must live until
+    the inference has read them: the outputs equal those of the same values given in the graph's own dtypes."""
+    stages = paged("auto")
+    ids = np.array([PROMPTS[3]], dtype=np.int64)
+
+    def run(ids: np.ndarray, converted_here: bool) -> np.ndarray:
+        sessions = [stage.new_session() for stage in stages]
+        x = np.array(sessions[0].step(ids))
+        for session in sessions[1:]:
+            half = x.astype(np.float16)
+            x = np.array(session.step(half.astype(np.float32) if converted_here else half, last_only=True))
+        return x
+
+    assert np.array_equal(run(ids.astype(np.int32), converted_here=False), run(ids, converted_here=True))
