@@ -105,15 +105,17 @@ class LocalPacker:
         self.packed_steps = 0
         """Packed inferences run, and the session steps (or prompt chunks) they held."""
 
-    async def run(self, session: int, step: LocalStep) -> LocalOutput:
-        """Queue ``step`` of ``session`` (after its earlier ones) and wait for its hidden states."""
+    def queue(self, session: int, step: LocalStep) -> asyncio.Future[LocalOutput]:
+        """Queue ``step`` of ``session`` after its earlier ones; the future holds its hidden states. Not a
+        coroutine: a session queues all the chunks of a step at once, before anything else may come between."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[LocalOutput] = loop.create_future()
+        future.add_done_callback(_retrieved)  # a session that failed stops reading its outputs
         ready = ReadyStep(session, 0, len(step.ids), step.prompt, self._clock())
         self._queues.setdefault(session, deque()).append(_Queued(step, future, ready))
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._work())
-        return await future
+        return future
 
     async def _work(self) -> None:
         """Pack what is queued until nothing is; a failure fails only the sessions of the pack it hit."""
@@ -201,6 +203,12 @@ class LocalPacker:
         for queued in self._queues.pop(session, ()):
             if not queued.future.done():
                 queued.future.set_exception(error)
+
+
+def _retrieved(future: asyncio.Future[LocalOutput]) -> None:
+    """Mark a failure as seen: no "exception never retrieved" for an output its session no longer reads."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _run_each_if_busy(steps: Sequence[PackedStep]) -> list[np.ndarray | Exception]:

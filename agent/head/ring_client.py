@@ -25,7 +25,7 @@ from agent.errors import (
     SessionEvictedError,
     SessionFailedError,
 )
-from agent.head.local_packer import HEAD_PACKING, LocalPacker, LocalStep
+from agent.head.local_packer import HEAD_PACKING, LocalOutput, LocalPacker, LocalStep
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_chunks
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
@@ -131,8 +131,9 @@ class RingClient:
         self.failure: RingError | None = None
         self._on_local_step = on_local_step
         self.turn = HeadTurn()
-        """The head's core, shared by its sessions: each step's local work (drafting, the head's stages) is
-        done holding it (``decode(turn=...)``), so that sessions take whole turns instead of interleaving."""
+        """The head's core, shared by its sessions: each step's local work is done holding it
+        (``decode(turn=...)``), so that sessions take whole turns instead of interleaving: its drafting, and the
+        queueing of its step for the head's stages (``local``), which compute the steps queued meanwhile packed."""
 
     @property
     def first_layer(self) -> int:
@@ -341,6 +342,8 @@ class RingSession:
         ring's (``agent.runtime.repeatable``): the session's readouts are what plain decoding gives."""
         self._settled = True
         """No chunk of the step being answered was marked ``StepFlags.UNSETTLED`` so far (``StepOutput.settled``)."""
+        self._sender: asyncio.Task[None] | None = None
+        """Sends the latest steps' hidden states on once the head's stages computed them (``_send_computed``)."""
 
     def _deliver(self, frame: Frame) -> None:
         if not self._pending:
@@ -487,26 +490,58 @@ class RingSession:
             self.prefill_progress = (0, len(ids))
         if self._watchdog is None:
             self._arm()
-        for fields, chunk in steps:
-            await self._send_step(fields, chunk)
+        if self._local:
+            # queued on the head's stages now, sent on as they are computed: the turn this step was submitted in
+            # ends at once, so the head's other sessions queue theirs meanwhile and the head packs them
+            queued = [
+                (fields, self.client.local.queue(self.id, self._local_step(fields, ids))) for fields, ids in steps
+            ]
+            self._sender = asyncio.get_running_loop().create_task(self._send_computed(self._sender, queued))
+        else:
+            for fields, chunk in steps:
+                await self._send(Frame.tensor(FrameType.STEP, np.asarray([chunk], dtype=np.int32), **fields))
         return future
 
-    async def _send_step(self, fields: FrameFields, ids: list[int]) -> None:
-        if self._local:
-            prompt = bool(fields["flags"] & (StepFlags.PART | StepFlags.LAST_ONLY))
-            step = LocalStep(self._local, ids, fields["position"], fields["rewind"], prompt)
-            output = await self.client.local.run(self.id, step)
-            self.client.counted_local(output.seconds)
-            self._repeatable = self._repeatable and output.repeatable
-            pending = self._pending.get(fields["step"])
-            if pending is not None and not output.settled:
-                self._pending[fields["step"]] = replace(pending, settled_here=False)
-            frame = Frame.tensor(FrameType.STEP, output.hidden, **fields)
-        else:
-            frame = Frame.tensor(FrameType.STEP, np.asarray([ids], dtype=np.int32), **fields)
+    def _local_step(self, fields: FrameFields, ids: list[int]) -> LocalStep:
+        prompt = bool(fields["flags"] & (StepFlags.PART | StepFlags.LAST_ONLY))
+        return LocalStep(self._local, ids, fields["position"], fields["rewind"], prompt)
+
+    async def _send_computed(
+        self, before: asyncio.Task[None] | None, queued: list[tuple[FrameFields, asyncio.Future[LocalOutput]]]
+    ) -> None:
+        """Send each step's hidden states on once the head's stages computed them, after the steps submitted
+        before (``before``); a step that failed there fails the session."""
+        if before is not None:
+            await asyncio.wait([before])
+        for fields, computed in queued:
+            try:
+                output = await computed
+                if self._closed or self._failure is not None:
+                    return
+                self.client.counted_local(output.seconds)
+                self._repeatable = self._repeatable and output.repeatable
+                pending = self._pending.get(fields["step"])
+                if pending is not None and not output.settled:
+                    self._pending[fields["step"]] = replace(pending, settled_here=False)
+                await self._send(Frame.tensor(FrameType.STEP, output.hidden, **fields))
+            except RingError as exc:
+                self._fail(exc)
+                return
+            except Exception as exc:  # the head's stages failed it: the session cannot go on, the others do
+                log.warning(
+                    "node=%s session=%016x: step %d failed on the head's stages: %s",
+                    self.client.node,
+                    self.id,
+                    fields["step"],
+                    exc,
+                )
+                self._fail(SessionFailedError(f"step {fields['step']} failed on the head's own stages: {exc}"))
+                return
+
+    async def _send(self, frame: Frame) -> None:
         sent = len(frame.payload) if isinstance(frame.payload, bytes) else frame.payload.nbytes
         self.bytes_sent += sent
-        if fields["step"] < self._prompt_steps:
+        if frame.step < self._prompt_steps:
             self.prompt_bytes_sent += sent
         await self.client.send_first(frame)
 

@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from agent.errors import RuntimeStageError
+from agent.errors import RuntimeStageError, SessionFailedError
+from agent.head.decode import decode
 from agent.head.drafters import NGramDrafter
-from agent.head.ring_client import RingClient
+from agent.head.ring_client import RingClient, RingSession
 from agent.runtime.packer import PackPolicy
 from tests.middle.test_packed_sessions import BUDGET, LONG, PROMPTS
 from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
-from tests.support.toy_model import ToySession, ToyStage
+from tests.support.toy_model import ToySession, ToyStage, ToyTokenizer
 
 
 @contextlib.asynccontextmanager
@@ -134,10 +136,46 @@ def test_a_step_that_fails_on_the_heads_stages_fails_only_its_session(monkeypatc
                 answers = [asyncio.ensure_future(answer(s, p)) for s, p in zip(sessions, PROMPTS, strict=True)]
                 await queued(client, len(answers))
             results = await asyncio.gather(*answers, return_exceptions=True)
-            assert isinstance(results[1], RuntimeStageError)
+            assert isinstance(results[1], SessionFailedError) and "head's own stages" in str(results[1])
             assert [r for i, r in enumerate(results) if i != 1] == [e for i, e in enumerate(expected) if i != 1]
             # the head goes on packing: a new session after the failure answers as alone
             again = await client.open_session(GREEDY)
             assert await answer(again, PROMPTS[0]) == expected[0]
+
+    run(main)
+
+
+def test_sessions_taking_turns_on_the_heads_core_still_pack_their_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head's sessions decode holding its turn (``HeadTurn``) for their local work; a step's turn ends once the
+    step is queued, not computed, so the others queue theirs meanwhile: the head packs them with no thread held.
+    Its stage takes 5 ms a step here, as a real one does (a toy step takes microseconds: nothing would queue)."""
+    step = ToySession.step
+
+    def slow(self: ToySession, inputs: np.ndarray, *args: object, **kwargs: object) -> np.ndarray:
+        time.sleep(0.005)
+        return step(self, inputs, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ToySession, "step", slow)
+
+    async def main() -> None:
+        async with head_ring(PackPolicy(budget=BUDGET)) as (ring, client, _executor):
+            expected = [await reference(ring, p) for p in PROMPTS]
+            sessions = [await client.open_session(GREEDY) for _ in PROMPTS]
+
+            async def turns(session: RingSession, prompt: list[int]) -> list[int]:
+                decoding = decode(
+                    session,
+                    prompt,
+                    max_tokens=24,
+                    stop_ids=ToyTokenizer.stop_ids,
+                    params=GREEDY,
+                    context_tokens=256,
+                    turn=client.turn,
+                )
+                return [token async for token in decoding]
+
+            answers = await asyncio.gather(*(turns(s, p) for s, p in zip(sessions, PROMPTS, strict=True)))
+            assert list(answers) == expected
+            assert client.local.packs < client.local.packed_steps, "the head's turns serialized its sessions' steps"
 
     run(main)
