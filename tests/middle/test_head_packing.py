@@ -14,17 +14,19 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from agent.chat_client.protocol import ChatRequest
 from agent.errors import RuntimeStageError, SessionFailedError
 from agent.head.decode import decode
 from agent.head.drafters import NGramDrafter
 from agent.head.ring_client import RingClient, RingSession
 from agent.runtime.packer import PackPolicy
 from tests.middle.test_packed_sessions import BUDGET, LONG, PROMPTS
-from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
+from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, ring_and_chat, run
 from tests.support.toy_model import ToySession, ToyStage, ToyTokenizer
 
 
@@ -177,5 +179,41 @@ def test_sessions_taking_turns_on_the_heads_core_still_pack_their_steps(monkeypa
             answers = await asyncio.gather(*(turns(s, p) for s, p in zip(sessions, PROMPTS, strict=True)))
             assert list(answers) == expected
             assert client.local.packs < client.local.packed_steps, "the head's turns serialized its sessions' steps"
+
+    run(main)
+
+
+def test_an_agents_concurrent_chats_pack_on_its_stage_0_and_its_status_counts_the_packs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chat service's head (an agent holding stage 0) packs its chats' steps there: three chats at once get
+    the whole model's answers, and the agent's status counts the packs of its own stages (``local_packs``)."""
+    step = ToySession.step
+
+    def slow(self: ToySession, inputs: np.ndarray, *args: object, **kwargs: object) -> np.ndarray:
+        time.sleep(0.005)
+        return step(self, inputs, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ToySession, "step", slow)
+    questions = ("where is the toy", "what is the toy", "who has the toy")
+
+    async def main() -> None:
+        async with ring_and_chat(tmp_path, chat_keep_max=3) as (ring, daemon):
+            assert daemon.chats is not None
+            chats = daemon.chats
+            tokenizer = ToyTokenizer()
+
+            async def chat(question: str) -> list[int]:
+                request = ChatRequest(token=chats.token, messages=(("user", question),), max_tokens=16)
+                events = [event async for event in chats.answer(request)]
+                assert events[-1].event == "done", events[-1]
+                return [e.id for e in events if e.event == "token" and e.id is not None]
+
+            answers = await asyncio.gather(*(chat(q) for q in questions))
+            for question, tokens in zip(questions, answers, strict=True):
+                ids = tokenizer.encode_chat([{"role": "user", "content": question}])
+                assert tokens == await reference(ring, ids, 16)
+            status = chats.status()
+            assert 0 < status["local_packs"] < status["local_packed_steps"], status
 
     run(main)
