@@ -79,9 +79,9 @@ class AgentConfig:
     """Positions per chunk of a long prompt that this agent's chats pipeline through the ring (0: a prompt
     is one step; ``agent.head.prefill``)."""
     pack_budget: int = DEFAULT_BUDGET
-    """Rows per packed inference of this agent's stages: the ready steps of several sessions go through them
-    together, decode rows first, then prompt chunks of this many positions (``agent.node.packer``); 0: one step
-    at a time, in arrival order (no packing)."""
+    """Rows per packed inference of this agent's stages where they keep paged KV (``kv = "paged"``): the ready
+    steps of several sessions go through them together, decode rows first, then prompt chunks of this many positions
+    (``agent.runtime.packer``); 0, or stages keeping their own KV state: one step at a time, in arrival order."""
     pack_window: float = 0.0
     """Seconds a stage that sat idle waits after a step arrives for others to pack with it (0: it packs what is
     queued at once)."""

@@ -36,7 +36,7 @@ from agent.node.packer import Pack, ReadyStep, Slice, Turns, Wait, plan
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
-from agent.runtime.packed import PackedStep, packs_alike, run_packed
+from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.readout import read_out
@@ -364,7 +364,9 @@ class StageServer:
         ready = [step.ready for step in self._running.values()]
         if not ready:
             return
-        policy = self.config.packing
+        # stages whose sessions keep their own KV state compute a pack one step after another: packing them would
+        # only hold the first step's frame back until the last is computed, and the next stage idle meanwhile
+        policy = self.config.packing if any(kv_mode(stage) == "paged" for stage in self.stages) else None
         if policy is None:  # no packing: the step that came first, whole
             first = min(ready, key=lambda r: r.arrived)
             decision: Pack | Wait | None = Pack((Slice(first.session, 0, first.count, last=True),))

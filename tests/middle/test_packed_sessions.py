@@ -234,3 +234,29 @@ def test_a_bug_in_the_worker_fails_the_sessions_of_its_steps_and_the_worker_goes
             await ring.stop()
 
     run(main)
+
+
+def test_stages_keeping_their_own_kv_state_never_hold_steps_back_to_pack_them() -> None:
+    """A stage whose sessions keep their own KV state (``kv = state``, the default) would compute a pack one step
+    after another, holding the first step's frame back: it computes and sends on each step as it comes."""
+
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=BUDGET)
+        first = ring.servers[0]
+        first.stages[0].kv = "state"  # type: ignore[attr-defined]
+        head = ring.client("10.9.0.100")
+        await head.connect()
+        try:
+            expected = [await reference(ring, p) for p in PROMPTS]
+            sessions = [await head.open_session(GREEDY) for _ in PROMPTS]
+            async with held(first):
+                answers = [asyncio.ensure_future(answer(s, p)) for s, p in zip(sessions, PROMPTS, strict=True)]
+                await queued(first, len(answers))
+            assert list(await asyncio.gather(*answers)) == expected
+            assert first.packs == first.packed_steps, "a stage keeping its own KV state computed steps together"
+            assert extra_chunks(first) == 0, "a stage keeping its own KV state cut a prompt into chunks"
+        finally:
+            await head.close()
+            await ring.stop()
+
+    run(main)

@@ -126,6 +126,10 @@ class ToyStage:
     exact_speculation: bool | None = True
     wire_dtype: str = "f32"
     decode_precision: str = "f32"
+    kv: str = "paged"
+    """Says it packs (``agent.runtime.packed.PackingStage``), so that a stage server's packing path runs on toy
+    stages; their sessions' steps are computed one by one, which leaves each session's numbers as alone."""
+    packs_alike: bool = True
     sessions_made: int = 0
     positions_computed: int = 0
     """Positions run through this stage, all sessions told (a resumed turn computes only its new part)."""
