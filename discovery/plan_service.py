@@ -13,7 +13,9 @@ Why the longest-running member: a PC that joins never takes the coordinator's pl
 plan (and its hysteresis: ``previous``) is never replaced by the blank plan of a newcomer. When the
 coordinator leaves, the next one plans on from the plan it followed. Two members that briefly see different
 coordinators (a partition) each follow their own side's; once the views meet, they agree on one again
-(``tests/lab/test_plan_lab.py`` checks this while members join and leave).
+(``tests/lab/test_plan_lab.py`` checks this while members join and leave). A coordinator that was away (frozen,
+cut off) and comes back never takes the fleet back to its older plan: a follower refuses a plan older than its
+own and sends its own back, and the coordinator plans on from it (:func:`supersedes`).
 
 Planning is a pure function of what this service gathers; it reads the clock only for :func:`forgive`
 (a member on probation is forgiven after :data:`FORGIVE_AFTER` seconds as a steady member).
@@ -60,6 +62,23 @@ def forgive_after(probations: int) -> float:
 
 
 MANIFEST_RETRY = 5.0
+
+
+def supersedes(record: PlanRecord, other: PlanRecord | None) -> bool:
+    """Whether ``record`` comes after ``other`` in the fleet's sequence of plans: made for the same fleet document
+    and export, with a higher epoch (epochs only grow: each plan goes on from the one in force).
+
+    Why a follower and a coordinator both ask: a coordinator frozen for a while (SIGSTOP, a laptop lid) comes back
+    with the plan it made before, while the next-oldest member planned on without it. Seniority makes it the
+    coordinator again, but the fleet must never go back to an older plan than one it has applied: a follower
+    refuses an offer its own plan supersedes and sends its plan back, and the coordinator adopts a plan sent to it
+    that supersedes its own, then plans on from it."""
+    return (
+        other is not None
+        and record.document == other.document
+        and record.export == other.export
+        and record.plan.epoch > other.plan.epoch
+    )
 
 
 def coordinator_of(membership: Membership) -> str:
@@ -194,16 +213,47 @@ class FleetPlanService:
         state = self.membership.state
         coordinator = coordinator_of(state)
         if coordinator == self.me:
+            self._adopt_newer(document, manifest)
             self._coordinate(document, manifest, candidates(state), self._revoked())
             return
         offer = self._offers.get(coordinator)
         if offer is None or offer.document != document.version or offer.export != manifest.export_id:
             return
         record = self.record
+        if offer.coordinator != coordinator:  # the coordinator sends back a plan of another: not its own plan
+            return
+        if record is not None and supersedes(record, offer):
+            self._send_back(record, coordinator)
+            return
         if record is None or offer.plan.hash != record.plan.hash or offer.coordinator != record.coordinator:
             self._follow(offer, f"coordinator {self._names().get(coordinator, coordinator)}")
         elif offer.plan.epoch != record.plan.epoch:
             self.record = offer
+
+    def _send_back(self, record: PlanRecord, coordinator: str) -> None:
+        """Sends the plan this agent follows, newer than the coordinator's, for the coordinator to adopt (again
+        every :data:`REPEAT` seconds, until it offers a plan at least as new)."""
+        now = self._clock()
+        if now - self._sent_at < REPEAT:
+            return
+        self._sent_at = now
+        log.warning(
+            "node=%s refused plan epoch %d from coordinator %s: this agent follows epoch %d; sent it back",
+            self.me,
+            self._offers[coordinator].plan.epoch,
+            self._names().get(coordinator, coordinator),
+            record.plan.epoch,
+        )
+        self.membership.broadcast(control.PlanOffer(record.to_json()))
+
+    def _adopt_newer(self, document: FleetDocument, manifest: Manifest) -> None:
+        """As the coordinator, follows the newest plan a member sent back if it supersedes this agent's own (this
+        agent was away while another planned on): :meth:`_coordinate` then plans on from it."""
+        sent = [o for o in self._offers.values() if o.document == document.version and o.export == manifest.export_id]
+        newest = max(sent, key=lambda o: o.plan.epoch, default=None)
+        if newest is not None and supersedes(newest, self.record):
+            planner = self._names().get(newest.coordinator, newest.coordinator)
+            self._follow(newest, f"{planner}'s plan a member sent back, newer than this coordinator's")
 
     def _revoked(self) -> dict[str, str]:
         """Node id -> name of every node the fleet's revocation list names, whether this agent ever knew it as a
@@ -280,9 +330,8 @@ class FleetPlanService:
         except RemoteProtocolError as exc:
             log.warning("node=%s ignored a plan from %s: %s", self.me, sender, exc)
             return
-        if record.coordinator != sender:
-            log.warning("node=%s ignored a plan from %s naming %s its coordinator", self.me, sender, record.coordinator)
-            return
+        # the plan the sender follows: its own if it coordinates, or one it sends back to a coordinator whose
+        # plan is older (``supersedes``)
         self._offers[sender] = record
 
     def _notify(self) -> None:

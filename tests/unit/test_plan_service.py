@@ -20,9 +20,9 @@ from discovery.announcement import Announcement
 from discovery.fleet_document import FleetDocument, ModelSource, Pin
 from discovery.kept import FleetDocumentKeeper, RevocationKeeper
 from discovery.membership import Member, Membership, MemberState, Source
-from discovery.placement import Assignment, Candidate, PinOutcome, Plan
+from discovery.placement import Assignment, Candidate, PinOutcome, Plan, stage_needs
 from discovery.plan_codec import PlanRecord
-from discovery.plan_service import FORGIVE_MAX, FleetPlanService, coordinator_of, forgive_after
+from discovery.plan_service import FORGIVE_MAX, FleetPlanService, coordinator_of, forgive_after, supersedes
 from discovery.service import MembershipService, MembershipSettings
 from shards.manifest import Manifest
 from tests.support.memory_network import MemoryNetwork
@@ -172,3 +172,66 @@ def test_a_member_put_on_probation_again_and_again_waits_longer_each_time() -> N
     assert forgiven_after_seconds() == 120.0
     service._forgiven(Plan((Assignment(0, node(2)),)), steady)
     assert forgiven_after_seconds() == 240.0
+
+
+def test_a_plan_supersedes_another_only_for_the_same_document_and_export_with_a_higher_epoch() -> None:
+    eight = PlanRecord(replace(plan_of_three(), epoch=8), node(2), 4, "export-a")
+    nine = PlanRecord(replace(plan_of_three(), epoch=9), node(3), 4, "export-a")
+    assert supersedes(nine, eight) and not supersedes(eight, nine)
+    assert not supersedes(nine, nine) and not supersedes(nine, None)
+    assert not supersedes(replace(nine, document=5), eight)  # another document: its plans start their own count
+    assert not supersedes(replace(nine, export="export-b"), eight)
+
+
+def test_a_coordinator_back_from_a_freeze_adopts_the_newer_plan_instead_of_imposing_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 46 §3: pc2 (the coordinator) was SIGSTOPped; pc3 planned epoch 9 without it; on SIGCONT pc2 offered
+    # its epoch 8 again and the fleet went back to it. Now pc3 refuses the older plan and sends its own back,
+    # pc2 adopts it and plans on from epoch 9, and pc3 follows that
+    init_fleet(tmp_path / "fleet", "ours")
+    ca = read_certificate(tmp_path / "fleet" / "ca.pem")
+    fleet_doc: FleetDocumentKeeper = Kept(tmp_path / "fleet.json", ca, FleetDocument.verify)
+    fleet_doc.current = FleetDocument(fleet_id_of(ca), 1, NOW, ModelSource(export_dir="/exports/m"))
+    shards = manifest(stages=2, layers=8)
+    pc2, pc3 = (replace(announce(n, 100 * n), fleet=fleet_id_of(ca), memory_mb=64_000, speed=10.0) for n in (2, 3))
+
+    async def no_manifest(model: ModelSource) -> Manifest:
+        raise AssertionError("not asked")
+
+    def agent(me: Announcement, other: Announcement) -> tuple[FleetPlanService, list[control.ControlMessage]]:
+        members = MembershipService(me, MemoryNetwork(), MembershipSettings(mdns=False), fleet=fleet_doc)
+        members.state = fleet(me, (other, MemberState.MEMBER))
+        sent: list[control.ControlMessage] = []
+        monkeypatch.setattr(members, "broadcast", sent.append)
+        service = FleetPlanService(members, no_manifest)
+        service.model, service.manifest, service.needs = fleet_doc.current.model, shards, stage_needs(shards)
+        return service, sent
+
+    def sent_back(sent: list[control.ControlMessage]) -> PlanRecord:
+        offer = sent[-1]
+        assert isinstance(offer, control.PlanOffer)
+        return PlanRecord.from_json(offer.plan)
+
+    before = Plan((Assignment(0, pc2.node), Assignment(1, pc3.node)), epoch=8)
+    without_pc2 = Plan((Assignment(0, pc3.node), Assignment(1, None)), epoch=9)
+    stale = PlanRecord(before, pc2.node, 1, shards.export_id)
+    newer = PlanRecord(without_pc2, pc3.node, 1, shards.export_id)
+
+    follower, follower_sent = agent(pc3, pc2)
+    follower.record = newer
+    follower._offered(pc2.node, stale.to_json())
+    follower._plan_step()
+    assert follower.record == newer  # not back to epoch 8
+    assert sent_back(follower_sent) == newer
+
+    coordinator, coordinator_sent = agent(pc2, pc3)
+    coordinator.record = stale
+    coordinator._offered(pc3.node, newer.to_json())
+    coordinator._plan_step()
+    assert coordinator.record is not None and coordinator.record.coordinator == pc2.node
+    assert coordinator.record.plan.epoch >= 9  # planned on from the newest epoch, not from its own 8
+
+    follower._offered(pc2.node, sent_back(coordinator_sent).to_json())
+    follower._plan_step()
+    assert follower.record == coordinator.record  # one plan again, the coordinator's, at least as new
