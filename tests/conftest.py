@@ -298,8 +298,8 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
     asyncio task, a thread, an open file descriptor (``tests/support/leaks.py``).
 
     As python-zeroconf's fixtures do: blocking calls belong in an executor, and a test must stop every task and
-    thread it starts and close what it opens (threads and descriptors are checked in the fast tier only for
-    now: see the end).
+    thread it starts and close what it opens (descriptors are checked in the fast tier only for now: see the
+    end).
     """
     fast = request.node.get_closest_marker("slow") is None
     recorder = _SlowStepRecorder()
@@ -341,10 +341,10 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
             f"the event loop was blocked: {recorder.slow[0]} ({collections.longest_s:.3f} s was the "
             "test's longest garbage collection)"
         )
-    # Tasks are checked in every tier; threads and descriptors in the fast tier only for now: in the slow tier,
-    # in-process agents' OpenVINO files (test_self_forming, test_tui_real_ring), two pipes (test_service_start)
-    # and the f32 ring's launcher threads (test_ring_prefill's first test) outlive their tests, not yet fixed.
+    # Tasks and threads are checked in every tier; descriptors in the fast tier only for now: in the slow tier,
+    # in-process agents' OpenVINO files (test_self_forming, test_tui_real_ring) and two pipes
+    # (test_service_start) outlive their tests, not yet fixed.
     # A failed test's traceback holds its frames, and with them whatever it had open: its failure is the news.
-    problems.extend(baseline.leaks(threads=fast, fds=fast and not request.node.stash.get(CALL_FAILED, False)))
+    problems.extend(baseline.leaks(fds=fast and not request.node.stash.get(CALL_FAILED, False)))
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
