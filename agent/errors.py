@@ -21,7 +21,8 @@
     │   ├── PeerUnavailableError    a stage cannot be reached, or its connection died
     │   │   ├── PeerRefusedError        the TLS handshake failed: not of this fleet, or it refused us
     │   │   │   └── CertificateDatesError   its certificate is not yet valid, or expired, by this PC's clock
-    │   │   └── RingNotReadyError       the plan's ring cannot answer yet: which stage waits for what
+    │   │   ├── RingNotReadyError       the plan's ring cannot answer yet: which stage waits for what
+    │   │   └── RingMovedError          the ring moved as a request opened its session: transient, retry
     │   ├── FleetBusyError          a stage has no room for another session
     │   └── SessionFailedError      a stage reported an error for this session
     │       └── SessionEvictedError     a parked session gave its place to a new one
@@ -154,6 +155,11 @@ class CertificateDatesError(PeerRefusedError):
 
 class RingNotReadyError(PeerUnavailableError):
     """The plan's ring cannot answer yet; the message says which stage waits for what."""
+
+
+class RingMovedError(PeerUnavailableError):
+    """The head's connections to the ring were closed (the plan moved the ring, or the agent stops) just as a
+    request opened its session: transient, the same request retried in a moment goes to the new ring."""
 
 
 class FleetBusyError(RingError):

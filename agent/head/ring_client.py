@@ -22,6 +22,7 @@ from agent.errors import (
     PeerUnavailableError,
     ProtocolError,
     RingError,
+    RingMovedError,
     SessionEvictedError,
     SessionFailedError,
 )
@@ -226,7 +227,10 @@ class RingClient:
         first step fails with the loss (``open_session`` reconnects instead). ``local``: the sessions of this
         head's own stages, made here when not given (a blocking call: on an event loop use ``open_session``)."""
         if self._first is None:
-            raise RingError("connect() first")
+            raise RingMovedError(
+                "the fleet's ring moved (a new plan) just as this request opened its session: "
+                "this is transient, retry the request in a moment"
+            )
         if local is None:
             local = new_sessions(self.local_stages)
         session = RingSession(self, secrets.randbits(63) or 1, params, local)
