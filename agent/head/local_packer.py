@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.errors import FleetBusyError, LocalProtocolError
-from agent.runtime.packed import PackedStep, packs_alike, run_packed
+from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed
 from agent.runtime.packer import Pack, PackPolicy, ReadyStep, Slice, Turns, Wait, plan
 from agent.runtime.protocol import KVSession, Stage
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
@@ -84,13 +84,17 @@ class LocalPacker:
         clock: Callable[[], float] = time.monotonic,
         on_pack: Callable[[int], None] | None = None,
     ) -> None:
-        """``policy``: the packing budget (None: one step at a time, whole, in the order they came); ``on_pack``:
+        """``policy``: the packing budget (None, or stages without paged KV: one step at a time, whole, in the order
+        they came); ``on_pack``:
         told the steps (or prompt chunks) of each pack computed (on the event loop)."""
         self._stages = list(stages)
         self._executor = executor
         alike = stages_alike(self._stages)
-        # a prompt alone goes whole where the stages compute it the same however it is cut (as a stage server)
-        self._policy = None if policy is None else dataclasses.replace(policy, fixed_cuts=alike == "none")
+        # As a stage server: stages whose sessions keep their own KV state compute a pack one step after another,
+        # which would only hold the first step back until the last is computed; and a prompt alone goes whole where
+        # the stages compute it the same however it is cut.
+        paged = any(kv_mode(stage) == "paged" for stage in self._stages)
+        self._policy = None if policy is None or not paged else dataclasses.replace(policy, fixed_cuts=alike == "none")
         self._alike = alike
         self._exact = stages_exact(self._stages)
         self._packs_alike = packs_alike(self._stages)

@@ -31,12 +31,14 @@ from tests.support.toy_model import ToySession, ToyStage, ToyTokenizer
 
 
 @contextlib.asynccontextmanager
-async def head_ring(packing: PackPolicy | None) -> AsyncIterator[tuple[ToyRing, RingClient, ThreadPoolExecutor]]:
-    """A toy ring of three stages whose stage 0 a head holds itself (its agent at stage 0 stays unused), and the
-    head's compute thread."""
+async def head_ring(
+    packing: PackPolicy | None, kv: str = "paged"
+) -> AsyncIterator[tuple[ToyRing, RingClient, ThreadPoolExecutor]]:
+    """A toy ring of three stages whose stage 0 a head holds itself (its agent at stage 0 stays unused; ``kv``:
+    where the head's stage says it keeps KV), and the head's compute thread."""
     ring = await ToyRing.start(max_sessions=8)
     executor = ThreadPoolExecutor(1, thread_name_prefix="head")
-    stage = ToyStage(ring.manifest.stages[0], ring.weights)
+    stage = ToyStage(ring.manifest.stages[0], ring.weights, kv=kv)
     client = RingClient(
         ring.manifest,
         ring.servers[1].address,
@@ -103,9 +105,15 @@ def test_a_heads_sessions_are_packed_on_its_own_stages_and_answer_as_alone() -> 
     run(main)
 
 
-def test_packing_off_at_the_head_computes_one_step_at_a_time_with_the_same_answers() -> None:
+@pytest.mark.parametrize(("packing", "kv"), [(None, "paged"), (PackPolicy(budget=BUDGET), "state")])
+def test_packing_off_at_the_head_computes_one_step_at_a_time_with_the_same_answers(
+    packing: PackPolicy | None, kv: str
+) -> None:
+    """Off, or on stages whose sessions keep their own KV state (a pack would run its steps one after another and
+    hold the first back until the last is computed, as on a stage server)."""
+
     async def main() -> None:
-        async with head_ring(None) as (ring, client, executor):
+        async with head_ring(packing, kv) as (ring, client, executor):
             expected = [await reference(ring, p) for p in PROMPTS]
             sessions = [await client.open_session(GREEDY) for _ in PROMPTS]
             async with held(executor):
