@@ -13,8 +13,8 @@ from agent.donor.policy import DonorSettings
 from agent.errors import ConfigError
 from agent.head.drafters import DRAFTERS
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK
-from agent.node.packer import DEFAULT_BUDGET, PackPolicy
 from agent.runtime.config import KNOWN_DEVICES, KV_MODES, PRECISIONS, PREFILL_ATTENTIONS, REWINDS, RuntimeConfig
+from agent.runtime.packer import DEFAULT_BUDGET, PackPolicy
 from agent.runtime.repeatable import ALIKE_MIN_PROMPT
 from agent.transport.heartbeat import Liveness
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD

@@ -6,7 +6,7 @@ straight to the session's head. ERROR frames go back up the way the session came
 
 One worker computes on one thread. Each session's frames are handled in their order; the steps of several
 sessions that are ready at once go through the stages together, in one ``run_packed`` call, as
-``agent.node.packer`` chooses (decode rows first, then prompt chunks within a token budget; issue 45), and
+``agent.runtime.packer`` chooses (decode rows first, then prompt chunks within a token budget; issue 45), and
 each step's frame goes on as if it had been computed alone (``pack_budget = 0``: one step at a time).
 
 A parked session (its head keeps it for the conversation's next turn) holds its place only until a new
@@ -32,11 +32,11 @@ import numpy as np
 from agent.errors import FleetBusyError, PeerUnavailableError, ProtocolError, RemoteProtocolError, ShoalError
 from agent.node.config import AgentConfig
 from agent.node.facts import resident_mb
-from agent.node.packer import Pack, ReadyStep, Slice, Turns, Wait, plan
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
 from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed
+from agent.runtime.packer import Pack, ReadyStep, Slice, Turns, Wait, plan
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
 from agent.sampling.readout import read_out

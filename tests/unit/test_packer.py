@@ -1,4 +1,4 @@
-"""The stage's packing decision (agent.node.packer): budgets, order, chunking, turns between sessions and heads,
+"""The stage's packing decision (agent.runtime.packer): budgets, order, chunking, turns between sessions and heads,
 the gathering window; plain values and a fake clock."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import ShoalError
-from agent.node.packer import (
+from agent.runtime.packer import (
     FORGET_AFTER,
     Pack,
     PackPolicy,
