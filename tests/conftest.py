@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.leaks import Baseline, TaskLedger, created_here, starts_recorded, sweeps_recorded
+from tests.support.leaks import (
+    Baseline,
+    TaskLedger,
+    created_here,
+    release_logged_frames,
+    starts_recorded,
+    sweeps_recorded,
+)
 
 PROMPTS = [
     "What is the capital of France?",
@@ -293,13 +300,12 @@ class _CollectionTimer:
 
 
 @pytest.fixture(autouse=True)
-def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
+def _loop_watch(request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """Fail a test whose event loop was blocked (a blocking call on it) or that left something running: an
     asyncio task, a thread, an open file descriptor (``tests/support/leaks.py``).
 
     As python-zeroconf's fixtures do: blocking calls belong in an executor, and a test must stop every task and
-    thread it starts and close what it opens (descriptors are checked in the fast tier only for now: see the
-    end).
+    thread it starts and close what it opens.
     """
     fast = request.node.get_closest_marker("slow") is None
     recorder = _SlowStepRecorder()
@@ -342,9 +348,12 @@ def _loop_watch(request: pytest.FixtureRequest) -> Iterator[None]:
             "test's longest garbage collection)"
         )
     # Tasks and threads are checked in every tier; descriptors in the fast tier only for now: in the slow tier,
-    # in-process agents' OpenVINO files (test_self_forming, test_tui_real_ring) and two pipes
-    # (test_service_start) outlive their tests, not yet fixed.
+    # in-process agents' OpenVINO files (test_self_forming, test_tui_real_ring) outlive their tests, not yet
+    # fixed. What the test logged with an exception is kept by pytest to the end of its teardown, frames and their
+    # locals too (a stopped agent's server and compiled stages, say): those frames are cleared first.
     # A failed test's traceback holds its frames, and with them whatever it had open: its failure is the news.
+    for when in ("setup", "call", "teardown"):
+        release_logged_frames(caplog.get_records(when))
     problems.extend(baseline.leaks(fds=fast and not request.node.stash.get(CALL_FAILED, False)))
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)

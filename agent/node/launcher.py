@@ -18,6 +18,8 @@ from pathlib import Path
 from agent.errors import RingError
 
 READY = re.compile(r"shoal agent: ready node=(\S+) listen=(\S+):(\d+)")
+PIPE_DRAIN_SECONDS = 5.0
+"""How long ``LocalAgent.stop`` waits, once the agent has exited, for its log readers to reach its pipes' end."""
 
 
 @dataclass
@@ -28,12 +30,14 @@ class LocalAgent:
     process: subprocess.Popen[str]
     address: tuple[str, int] = ("", 0)
     log: deque[str] = field(default_factory=lambda: deque(maxlen=20_000))
+    readers: list[threading.Thread] = field(default_factory=list)
+    """The threads that drain the agent's stdout and stderr; each ends at its pipe's end of file."""
 
     def log_text(self) -> str:
         return "\n".join(self.log)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM (the agent says goodbye to its peers), then SIGKILL if it lingers."""
+        """SIGTERM (the agent says goodbye to its peers), then SIGKILL if it lingers; then its pipes are closed."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -41,6 +45,18 @@ class LocalAgent:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        # The readers see end of file once the agent (and any child that inherited its pipes) has gone; a pipe
+        # is closed only after its reader has ended, never under a thread still reading it.
+        for reader in self.readers:
+            reader.join(PIPE_DRAIN_SECONDS)
+        if any(reader.is_alive() for reader in self.readers):
+            return  # something still writes to them: the readers keep draining, and the pipes stay open
+        for pipe in (self.process.stdout, self.process.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def launch_agent(
@@ -99,11 +115,15 @@ def launch_agent(
         preexec_fn=pin,
     )
     agent = LocalAgent(stage, process)
-    threading.Thread(target=_collect, args=(process, agent.log, log_path), daemon=True).start()
     lines: queue.Queue[str | None] = queue.Queue()
     waiting = threading.Event()
     waiting.set()
-    threading.Thread(target=_watch_stdout, args=(process, lines, waiting), daemon=True).start()
+    agent.readers = [
+        threading.Thread(target=_collect, args=(process, agent.log, log_path), daemon=True),
+        threading.Thread(target=_watch_stdout, args=(process, lines, waiting), daemon=True),
+    ]
+    for reader in agent.readers:
+        reader.start()
     deadline = time.monotonic() + timeout
     ended = False
     try:

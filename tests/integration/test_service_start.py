@@ -79,9 +79,10 @@ def test_the_agent_started_as_the_unit_starts_it_answers_and_stops_cleanly_on_si
     command = ["nice", "-n", service["Nice"], "ionice", "-c", "3", "chrt", "--idle", "0", *argv]
     log = (tmp_path / "agent.log").open("w")
     agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in agent.stdout or []], daemon=True)
     try:
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in agent.stdout or []], daemon=True).start()
+        reader.start()
         deadline = time.monotonic() + 180
         while not READY.search(lines.get(timeout=max(0.1, deadline - time.monotonic()))):
             pass
@@ -116,4 +117,8 @@ def test_the_agent_started_as_the_unit_starts_it_answers_and_stops_cleanly_on_si
         if agent.poll() is None:
             agent.kill()
             agent.wait(5)
+        if reader.ident is not None:
+            reader.join(5)  # at the pipe's end of file, now that the agent has gone; then its pipe is closed
+        if agent.stdout is not None and not reader.is_alive():
+            agent.stdout.close()
         log.close()

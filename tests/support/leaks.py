@@ -14,14 +14,16 @@ import asyncio
 import asyncio.runners
 import concurrent.futures
 import gc
+import logging
 import os
 import re
 import socket
 import sys
 import threading
 import time
+import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
@@ -213,6 +215,24 @@ def sweeps_recorded(ledger: TaskLedger) -> Iterator[None]:
         yield
     finally:
         asyncio.runners._cancel_all_tasks = original  # type: ignore[attr-defined]
+
+
+def release_logged_frames(records: Iterable[logging.LogRecord]) -> None:
+    """Clear the locals of the frames in the tracebacks that captured log records keep (``exc_info``).
+
+    pytest keeps every record a test logged until the test's teardown has ended (``caplog.get_records``), and a
+    record logged with its exception keeps the traceback, whose frames keep their locals: an agent's server, its
+    compiled stages and their open OpenVINO files would outlive the test that stopped it in those frames alone.
+    The records keep their message and exception (and the report its formatted text); only the finished frames'
+    locals go, as ``traceback.clear_frames`` does.
+    """
+    for record in records:
+        error = record.exc_info[1] if record.exc_info else None
+        seen: set[int] = set()
+        while error is not None and id(error) not in seen:  # the chain of causes, each with its own traceback
+            seen.add(id(error))
+            traceback.clear_frames(error.__traceback__)
+            error = error.__cause__ or error.__context__
 
 
 def _allowed(allowances: tuple[tuple[str, str], ...], text: str) -> bool:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).parents[2]
 CONFTEST = (ROOT / "tests" / "conftest.py").read_text(encoding="utf-8")
 
 CASES = """
-import asyncio, socket, threading
+import asyncio, logging, socket, threading
 
 import pytest
 
@@ -88,6 +88,16 @@ def test_cleans_up_after_itself(tmp_path):
     worker.start()
     worker.join()
 
+def test_logs_an_error_whose_frame_held_a_file(tmp_path):
+    def serve():
+        held = open(tmp_path / "held-by-a-frame.txt", "w")
+        raise OSError("the peer went away")
+
+    try:
+        serve()
+    except OSError:
+        logging.getLogger("cases").exception("serving failed")  # pytest keeps the record, traceback and all
+
 LEFT = []
 """
 
@@ -112,11 +122,16 @@ def test_a_test_that_leaks_fails_naming_the_leak(pytester: pytest.Pytester, monk
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "suite")
     # a failure at teardown counts as an error beside the pass; the failed test's open file (its traceback holds
     # it) is not reported
-    result.assert_outcomes(passed=7, failed=1, errors=5)
+    result.assert_outcomes(passed=8, failed=1, errors=5)
     for line in LEAKS:
         result.stdout.fnmatch_lines([line], consecutive=False)
     assert "ERROR test_cases.py::test_fails_holding_a_file" not in result.stdout.str()
-    for clean in ("test_asks_for_a_session_fixture_in_its_body", "test_cleans_up_after_itself"):
+    clean_tests = (
+        "test_asks_for_a_session_fixture_in_its_body",
+        "test_cleans_up_after_itself",
+        "test_logs_an_error_whose_frame_held_a_file",  # the logged traceback's frames are cleared
+    )
+    for clean in clean_tests:
         assert f"{clean} - " not in result.stdout.str()
 
 
