@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
@@ -218,7 +218,8 @@ def sweeps_recorded(ledger: TaskLedger) -> Iterator[None]:
 
 
 def release_logged_frames(records: Iterable[logging.LogRecord]) -> None:
-    """Clear the locals of the frames in the tracebacks that captured log records keep (``exc_info``).
+    """Clear the locals of the frames in the tracebacks that captured log records keep (``exc_info``, or an
+    exception given as an argument: ``log.warning("lost %s: %s", peer, error)``).
 
     pytest keeps every record a test logged until the test's teardown has ended (``caplog.get_records``), and a
     record logged with its exception keeps the traceback, whose frames keep their locals: an agent's server, its
@@ -227,12 +228,14 @@ def release_logged_frames(records: Iterable[logging.LogRecord]) -> None:
     locals go, as ``traceback.clear_frames`` does.
     """
     for record in records:
-        error = record.exc_info[1] if record.exc_info else None
+        args = record.args.values() if isinstance(record.args, Mapping) else record.args or ()
+        errors = [record.exc_info[1] if record.exc_info else None, *args]  # an error given as an argument too
         seen: set[int] = set()
-        while error is not None and id(error) not in seen:  # the chain of causes, each with its own traceback
-            seen.add(id(error))
-            traceback.clear_frames(error.__traceback__)
-            error = error.__cause__ or error.__context__
+        for error in errors:
+            while isinstance(error, BaseException) and id(error) not in seen:  # its causes, each with a traceback
+                seen.add(id(error))
+                traceback.clear_frames(error.__traceback__)
+                error = error.__cause__ or error.__context__
 
 
 def _allowed(allowances: tuple[tuple[str, str], ...], text: str) -> bool:
