@@ -11,7 +11,8 @@ one ``hello`` message, then any of the others, as MEMBERS frames (JSON)::
     gossip       {"kind": "gossip", "members": [{"host": ..., "announcement": {...}}, ...]}
     revocations  {"kind": "revocations", "document": "<the signed revocation list, base64>"}
     fleet        {"kind": "fleet", "document": "<the signed fleet document, base64>"}
-    plan         {"kind": "plan", "plan": {...}}                      the coordinator's plan (``discovery.plan_codec``)
+    plan         {"kind": "plan", "plan": {...}, "back": true?}       the coordinator's plan (``discovery.plan_codec``);
+                                      ``back``: a follower's plan, newer than its coordinator's, sent back to it
     refused      {"kind": "refused", "reason": "...", "holder": {"host": ..., "announcement": {...}}}
                                       the link is about to close, and why; ``holder``, if the sender already
                                       holds a link to another process with the refused one's node id: where
@@ -95,6 +96,9 @@ class PlanOffer:
     """The plan the sender follows, as ``discovery.plan_codec`` writes it (checked by its reader)."""
 
     plan: dict[str, Any]
+    sent_back: bool = False
+    """A follower's plan, newer than the one its coordinator offers, sent back for the coordinator to adopt
+    (``discovery.plan_service.supersedes``); else the sender's own plan, as the coordinator."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,8 @@ def to_frame(message: ControlMessage) -> Frame:
             body = {"kind": "fleet", "document": base64.b64encode(message.document).decode()}
         case PlanOffer():
             body = {"kind": "plan", "plan": message.plan}
+            if message.sent_back:  # only then: a reader that predates it takes the message as before
+                body["back"] = True
         case Refused():
             body = {"kind": "refused", "reason": message.reason}
             if message.holder is not None:
@@ -188,7 +194,7 @@ def from_frame(frame: Frame) -> ControlMessage:
         plan = body.get("plan")
         if not isinstance(plan, dict):
             raise RemoteProtocolError("MEMBERS plan: 'plan' must be an object")
-        return PlanOffer(plan)
+        return PlanOffer(plan, body.get("back") is True)
     if kind == "refused":
         reason = body.get("reason")
         holder = body.get("holder")

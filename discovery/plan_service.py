@@ -122,7 +122,9 @@ class FleetPlanService:
         self.record: PlanRecord | None = None
         """The plan this agent follows (None: none yet)."""
         self._offers: dict[str, PlanRecord] = {}
-        """The last plan each member sent."""
+        """The last plan each member sent as its own (a coordinator's, as it sees the fleet)."""
+        self._sent_back: dict[str, PlanRecord] = {}
+        """The last plan each member sent back, newer than this agent's as its coordinator (:meth:`_send_back`)."""
         self._inputs: tuple[Any, ...] | None = None
         self._sent_at = 0.0
         self._steady_since: dict[str, float] = {}
@@ -220,8 +222,6 @@ class FleetPlanService:
         if offer is None or offer.document != document.version or offer.export != manifest.export_id:
             return
         record = self.record
-        if offer.coordinator != coordinator:  # the coordinator sends back a plan of another: not its own plan
-            return
         if record is not None and supersedes(record, offer):
             self._send_back(record, coordinator)
             return
@@ -244,16 +244,30 @@ class FleetPlanService:
             self._names().get(coordinator, coordinator),
             record.plan.epoch,
         )
-        self.membership.broadcast(control.PlanOffer(record.to_json()))
+        self.membership.broadcast(control.PlanOffer(record.to_json(), sent_back=True))
 
     def _adopt_newer(self, document: FleetDocument, manifest: Manifest) -> None:
         """As the coordinator, follows the newest plan a member sent back if it supersedes this agent's own (this
-        agent was away while another planned on): :meth:`_coordinate` then plans on from it."""
-        sent = [o for o in self._offers.values() if o.document == document.version and o.export == manifest.export_id]
+        agent was away while another planned on): :meth:`_coordinate` then plans on from it. Also at the same
+        epoch: back from a freeze, this agent may have planned once from its view of the moment (its members
+        seemed lost), reaching the epoch of the plan the fleet applied meanwhile; the fleet's plan wins."""
+        record = self.record
+        sent = [
+            o
+            for o in self._sent_back.values()
+            if o.document == document.version and o.export == manifest.export_id and o.coordinator != self.me
+        ]
         newest = max(sent, key=lambda o: o.plan.epoch, default=None)
-        if newest is not None and supersedes(newest, self.record):
+        if newest is None or record is None:
+            return
+        tied = newest.plan.epoch == record.plan.epoch and newest.plan.hash != record.plan.hash
+        if supersedes(newest, record) or (
+            tied and newest.document == record.document and newest.export == record.export
+        ):
             planner = self._names().get(newest.coordinator, newest.coordinator)
-            self._follow(newest, f"{planner}'s plan a member sent back, newer than this coordinator's")
+            self._follow(
+                newest, f"{planner}'s plan, sent back by a member: the fleet applied it while this agent was away"
+            )
 
     def _revoked(self) -> dict[str, str]:
         """Node id -> name of every node the fleet's revocation list names, whether this agent ever knew it as a
@@ -324,14 +338,18 @@ class FleetPlanService:
         self.record = record
         self._notify()
 
-    def _offered(self, sender: str, data: dict[str, Any]) -> None:
+    def _offered(self, sender: str, data: dict[str, Any], sent_back: bool = False) -> None:
         try:
             record = PlanRecord.from_json(data)
         except RemoteProtocolError as exc:
             log.warning("node=%s ignored a plan from %s: %s", self.me, sender, exc)
             return
-        # the plan the sender follows: its own if it coordinates, or one it sends back to a coordinator whose
-        # plan is older (``supersedes``)
+        if sent_back:  # a follower's plan, newer than this agent's as its coordinator: whoever planned it
+            self._sent_back[sender] = record
+            return
+        if record.coordinator != sender:
+            log.warning("node=%s ignored a plan from %s naming %s its coordinator", self.me, sender, record.coordinator)
+            return
         self._offers[sender] = record
 
     def _notify(self) -> None:

@@ -165,7 +165,7 @@ class MembershipService:
         self.revocations = revocations
         self._on_revoked = on_revoked
         self.fleet = fleet
-        self.on_plan: Callable[[str, dict[str, Any]], None] | None = None
+        self.on_plan: Callable[[str, dict[str, Any], bool], None] | None = None
         """Told ``(sender node, plan message)`` for every plan a linked member sends (``discovery.plan_service``)."""
         self._measure_speed = measure_speed
         self._probes = ClockProbes(certificates)
@@ -671,9 +671,9 @@ class MembershipService:
             case control.Revocations() | control.FleetDocumentOffer():
                 with contextlib.suppress(FleetError):  # logged; a bad document from a member does not cut its link
                     await self._offered(message, f"member {link.node} ({link.connection.label})")
-            case control.PlanOffer(plan=plan):
+            case control.PlanOffer(plan=plan, sent_back=sent_back):
                 if self.on_plan is not None:
-                    self.on_plan(link.node, plan)
+                    self.on_plan(link.node, plan, sent_back)
             case control.Ack():
                 pass
             case control.Hello():

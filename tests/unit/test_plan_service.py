@@ -227,7 +227,12 @@ def test_a_coordinator_back_from_a_freeze_adopts_the_newer_plan_instead_of_impos
 
     coordinator, coordinator_sent = agent(pc2, pc3)
     coordinator.record = stale
-    coordinator._offered(pc3.node, newer.to_json())
+    coordinator._offered(pc3.node, newer.to_json())  # pc3's own plan, as it coordinated: not adopted
+    coordinator._plan_step()
+    assert coordinator.record is not None and coordinator.record.plan.epoch == 8  # still its own lineage
+    offer = sent_back(follower_sent)
+    assert isinstance(follower_sent[-1], control.PlanOffer) and follower_sent[-1].sent_back
+    coordinator._offered(pc3.node, offer.to_json(), sent_back=True)
     coordinator._plan_step()
     assert coordinator.record is not None and coordinator.record.coordinator == pc2.node
     assert coordinator.record.plan.epoch >= 9  # planned on from the newest epoch, not from its own 8
@@ -235,3 +240,20 @@ def test_a_coordinator_back_from_a_freeze_adopts_the_newer_plan_instead_of_impos
     follower._offered(pc2.node, sent_back(coordinator_sent).to_json())
     follower._plan_step()
     assert follower.record == coordinator.record  # one plan again, the coordinator's, at least as new
+
+    # back from the freeze, a coordinator may first plan once from its view of the moment (its members seemed
+    # lost), reaching the fleet's epoch with a plan of its own: at the same epoch, the fleet's plan wins
+    woken, _ = agent(pc2, pc3)
+    woken.record = PlanRecord(Plan((Assignment(0, pc2.node), Assignment(1, None)), epoch=9), pc2.node, 1, newer.export)
+    woken._offered(pc3.node, newer.to_json(), sent_back=True)
+    woken._plan_step()
+    assert woken.record is not None and woken.record.coordinator == pc2.node and woken.record.plan.epoch >= 9
+    assert woken.record.plan.node_of(0) == pc3.node  # stage 0 kept where the fleet's plan had it
+
+
+def test_a_plan_sent_back_says_so_on_the_wire_and_a_plain_offer_reads_as_before() -> None:
+    record = PlanRecord(plan_of_three(), node(1), 4, "78a29e567c0daa0c").to_json()
+    back = control.to_frame(control.PlanOffer(record, sent_back=True))
+    assert control.from_frame(back) == control.PlanOffer(record, sent_back=True)
+    plain = control.to_frame(control.PlanOffer(record))
+    assert b'"back"' not in plain.payload and control.from_frame(plain) == control.PlanOffer(record)
