@@ -347,13 +347,12 @@ def _loop_watch(request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
             f"the event loop was blocked: {recorder.slow[0]} ({collections.longest_s:.3f} s was the "
             "test's longest garbage collection)"
         )
-    # Tasks and threads are checked in every tier; descriptors in the fast tier only for now: in the slow tier,
-    # in-process agents' OpenVINO files (test_self_forming, test_tui_real_ring) outlive their tests, not yet
-    # fixed. What the test logged with an exception is kept by pytest to the end of its teardown, frames and their
-    # locals too (a stopped agent's server and compiled stages, say): those frames are cleared first.
+    # Tasks, threads and descriptors are checked in every tier. What the test logged with an exception is kept by
+    # pytest to the end of its teardown, frames and their locals too (a stopped agent's server and its compiled
+    # stages, whose OpenVINO files stay open): those frames are cleared first.
     # A failed test's traceback holds its frames, and with them whatever it had open: its failure is the news.
     for when in ("setup", "call", "teardown"):
         release_logged_frames(caplog.get_records(when))
-    problems.extend(baseline.leaks(fds=fast and not request.node.stash.get(CALL_FAILED, False)))
+    problems.extend(baseline.leaks(fds=not request.node.stash.get(CALL_FAILED, False)))
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
