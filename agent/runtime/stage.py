@@ -313,6 +313,10 @@ class CompiledStage:
         self.wire_dtype = "f16" if _compiled_precision(self.compiled) == "f16" else "f32"
         """What this stage's hidden states cross the wire in when not told (``auto``): f16 where the device
         computes in f16 (the values are f16 already; half the bytes), else f32 (f32 or bf16 values)."""
+        self._log_compiled(config)
+
+    def _log_compiled(self, config: RuntimeConfig) -> None:
+        graph = self.graph
         log.info(
             "compiled %s (layers %d-%d) on %s, rewind by %s",
             graph.name,
