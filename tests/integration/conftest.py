@@ -51,3 +51,13 @@ def netlab() -> Iterator[NetLab]:
         yield lab
     finally:
         lab.down()
+
+
+@pytest.fixture
+def hub_connections_dropped() -> Iterator[None]:
+    """After the test, drop the keep-alive connections that huggingface_hub's shared client pools (to the test's
+    mirror): the client lives as long as the process, its connections should not outlive the test's mirror."""
+    yield
+    from huggingface_hub import get_session
+
+    get_session().close()  # shoal's ReopeningClient (shards.hub.http_client): closes the connections, stays usable

@@ -32,7 +32,7 @@ from shards.manifest import MANIFEST_NAME, Manifest, sha256_file
 from tests.support.flaky_proxy import FlakyProxy
 from tests.support.olah_mirror import OlahMirror
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("hub_connections_dropped")]
 
 REPO_ID = "shoal-test/smollm2-int4"
 TAMPERED = "stage-1/openvino_model.xml"

@@ -31,7 +31,7 @@ from tests.support.flaky_proxy import FlakyProxy
 from tests.support.olah_mirror import OlahMirror
 from tests.support.until import until
 
-pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300), pytest.mark.usefixtures("hub_connections_dropped")]
 
 REPO_ID = "shoal-test/outage"
 

@@ -4,7 +4,8 @@ pack alike, and its speculative rewinds, truncations of its block table, must no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import gc
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ def _stages(folder: Path, cache_dir: Path, **config: object) -> list[CompiledSta
 
 
 @pytest.fixture
-def paged(exported: Callable[..., Path], cache_dir: Path) -> Callable[..., list[CompiledStage]]:
+def paged(exported: Callable[..., Path], cache_dir: Path) -> Iterator[Callable[..., list[CompiledStage]]]:
     """``paged(precision, threads)``: the int4 3-stage export's stages with ``kv = "paged"``, compiled once a test
     (they hold the export's weight files open: the leak check wants them closed when the test ends)."""
     made: dict[tuple[str, int], list[CompiledStage]] = {}
@@ -43,7 +44,9 @@ def paged(exported: Callable[..., Path], cache_dir: Path) -> Callable[..., list[
             )
         return made[precision, threads]
 
-    return make
+    yield make
+    made.clear()
+    gc.collect()  # the stages and their sessions hold one another (the fast tier pauses the collector)
 
 
 def _prompt_steps(
