@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.errors import FleetBusyError, LocalProtocolError
-from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed
+from agent.errors import LocalProtocolError
+from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed_or_each
 from agent.runtime.packer import Pack, PackPolicy, ReadyStep, Slice, Turns, Wait, plan
 from agent.runtime.protocol import KVSession, Stage
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
@@ -177,7 +177,7 @@ class LocalPacker:
         """Runs on the executor: the pack, and its seconds. (Named as the head's step was before: the benchmark's
         timing executor counts the head's stage time by this name.)"""
         started = time.perf_counter()
-        outputs = _run_each_if_busy(steps)
+        outputs: list[np.ndarray | Exception] = list(run_packed_or_each(steps))
         wired = [x if isinstance(x, Exception) else np.array(x, dtype=self._wire_dtype) for x in outputs]
         return wired, time.perf_counter() - started
 
@@ -213,20 +213,3 @@ def _retrieved(future: asyncio.Future[LocalOutput]) -> None:
     """Mark a failure as seen: no "exception never retrieved" for an output its session no longer reads."""
     if not future.cancelled():
         future.exception()
-
-
-def _run_each_if_busy(steps: Sequence[PackedStep]) -> list[np.ndarray | Exception]:
-    """``run_packed``, or where a stage's KV pool has no room for all the steps, each step alone (its rewind done
-    already): a step with no room even alone fails its session as a busy fleet, not the others."""
-    try:
-        return list(run_packed(steps))
-    except FleetBusyError as exc:
-        if len(steps) == 1:
-            return [exc]
-    outputs: list[np.ndarray | Exception] = []
-    for step in steps:
-        try:
-            outputs += run_packed([dataclasses.replace(step, rewind=0)])
-        except FleetBusyError as exc:
-            outputs.append(exc)
-    return outputs

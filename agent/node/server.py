@@ -35,7 +35,7 @@ from agent.node.facts import resident_mb
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
-from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed
+from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed_or_each
 from agent.runtime.packer import Pack, ReadyStep, Slice, Turns, Wait, plan
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
@@ -786,20 +786,11 @@ class _SessionFailure(Exception):
 
 
 def _run_packed(steps: Sequence[PackedStep]) -> list[np.ndarray | Exception]:
-    """``run_packed``, or where a stage's KV pool has no room for all the steps' positions, each step alone (its
-    rewind done already): a step that has no room even alone fails its session as a busy fleet, not the others."""
-    try:
-        return list(run_packed(steps))
-    except FleetBusyError as exc:
-        if len(steps) == 1:
-            return [_SessionFailure("busy", f"fleet busy: {exc}")]
-    outputs: list[np.ndarray | Exception] = []
-    for step in steps:
-        try:
-            outputs += run_packed([dataclasses.replace(step, rewind=0)])
-        except FleetBusyError as exc:
-            outputs.append(_SessionFailure("busy", f"fleet busy: {exc}"))
-    return outputs
+    """``run_packed_or_each``, a step with no room even alone failing its session as a busy fleet."""
+    return [
+        _SessionFailure("busy", f"fleet busy: {x}") if isinstance(x, FleetBusyError) else x
+        for x in run_packed_or_each(steps)
+    ]
 
 
 def _json(data: dict[str, Any]) -> bytes:

@@ -10,6 +10,7 @@ those it would get alone wherever ``packs_alike`` says so (issue 45).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -116,3 +117,20 @@ def _reserve(steps: Sequence[PackedStep]) -> None:
         for kv, rows in reserved:
             kv.unreserve(rows)
         raise
+
+
+def run_packed_or_each(steps: Sequence[PackedStep]) -> list[np.ndarray | FleetBusyError]:
+    """``run_packed``, or where a stage's KV pool has no room for all the steps' positions, each step alone (its
+    rewind done already): a step that has no room even alone gets its ``FleetBusyError``, not the others."""
+    try:
+        return list(run_packed(steps))
+    except FleetBusyError as exc:
+        if len(steps) == 1:
+            return [exc]
+    outputs: list[np.ndarray | FleetBusyError] = []
+    for step in steps:
+        try:
+            outputs += run_packed([dataclasses.replace(step, rewind=0)])
+        except FleetBusyError as exc:
+            outputs.append(exc)
+    return outputs
