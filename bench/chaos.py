@@ -8,8 +8,9 @@ each, what it hit, how long it lasted and how long the fleet took to follow one 
 Faults (``KINDS``): ``kill`` (``kill -9`` of a stage's agent, the stage its standby has if one stands by; the
 agent is started again ``hold`` seconds later and rejoins), ``stop`` (SIGSTOP of a stage's agent for ``hold``
 seconds, 8-30, then SIGCONT), ``coordinator`` (the coordinator stopped and started again), ``revoke`` (the spare
-node's certificate revoked, at most once). Cutting a host off the network needs network namespaces
-(``python -m bench plan``'s lab); on loopback it is not injected.
+node's certificate revoked, at most once). ``LAB_KINDS`` adds ``cut``: a stage agent's host cut off the network
+for ``hold`` seconds, 3-8, then plugged back (its cable pulled: its peers see nothing but silence); it needs the
+fleet in a lab of network namespaces (``python -m bench soak --lab``), so on loopback it is never scheduled.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from tests.support.soak_fleet import HEAD, SPARE, SoakFleet
 log = logging.getLogger(__name__)
 
 KINDS = ("kill", "stop", "coordinator", "revoke")
+LAB_KINDS = (*KINDS, "cut")
+HOLDS = {"kill": (15.0, 30.0), "stop": (8.0, 30.0), "cut": (3.0, 8.0), "coordinator": (0.0, 0.0), "revoke": (0.0, 0.0)}
+"""Seconds each kind of fault holds, at least and at most (before ``schedule``'s ``max_hold``)."""
 ONE_PLAN_TIMEOUT = 180.0
 """Seconds a fault's fleet is given to follow one plan hash again before the driver notes it and goes on."""
 
@@ -52,9 +56,8 @@ def schedule(
     picked = [k for i, k in enumerate(picked) if k != "revoke" or "revoke" not in picked[:i]]
     low, high = max(1, requests // 10), max(2, requests - requests // 10)
     marks = sorted(rng.randint(low, high) for _ in picked)
-    holds = {"kill": (15.0, 30.0), "stop": (8.0, 30.0), "coordinator": (0.0, 0.0), "revoke": (0.0, 0.0)}
     return tuple(
-        Fault(k, m, round(min(max_hold, rng.uniform(*holds[k])), 1)) for k, m in zip(picked, marks, strict=True)
+        Fault(k, m, round(min(max_hold, rng.uniform(*HOLDS[k])), 1)) for k, m in zip(picked, marks, strict=True)
     )
 
 
@@ -120,14 +123,14 @@ class Chaos:
             covered = await fleet.standing_by()
             target = covered or _pick(await fleet.stage_holders())
             record = FaultRecord(fault.kind, target, self.clock(), note=f"hold {fault.hold:g} s", covered=bool(covered))
-            if fault.kind == "kill":
-                await asyncio.to_thread(fleet.kill, target)
-                await asyncio.sleep(fault.hold)
-                await asyncio.to_thread(fleet.start, target, seed=HEAD)
-            else:
-                fleet.pause(target, True)
-                await asyncio.sleep(fault.hold)
-                fleet.pause(target, False)
+            begin, end = {
+                "kill": (lambda: fleet.kill(target), lambda: fleet.start(target, seed=HEAD)),
+                "stop": (lambda: fleet.pause(target, True), lambda: fleet.pause(target, False)),
+                "cut": (lambda: fleet.cut(target, True), lambda: fleet.cut(target, False)),
+            }[fault.kind]
+            await asyncio.to_thread(begin)
+            await asyncio.sleep(fault.hold)
+            await asyncio.to_thread(end)
         record.ended = self.clock()
         deadline = record.ended + ONE_PLAN_TIMEOUT
         while self.clock() < deadline:

@@ -10,9 +10,11 @@ answers are taken first (the warm-up): a greedy answer must be the reference's f
 
 Measured after the warm-up, every ``--sample`` seconds, per agent: RSS, open fds, threads, sessions held,
 sessions parked; per request: time to the first token and between tokens. ``--chaos`` injects faults while it
-serves (``bench/chaos.py``). Goals, each marked pass or fail: every request ends whole or with a clear error
-(none hangs past its deadline), every greedy answer is the reference's, 0 sessions left, RSS drift < 5 %, fds
-and threads flat. Writes ``soak.json`` and ``soak.md`` (``--out``).
+serves (``bench/chaos.py``); ``--lab`` runs each agent in its own host of a lab of network namespaces
+(root; ``tests/support/soak_lab.py``), where chaos also cuts a host off the network. Goals, each marked pass
+or fail: every request ends whole or with a clear error (none hangs past its deadline), every greedy answer is
+the reference's, 0 sessions left, RSS drift < 5 %, fds and threads flat. Writes ``soak.json`` and ``soak.md``
+(``--out``).
 """
 
 from __future__ import annotations
@@ -129,6 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chaos", action="store_true", help="inject faults while serving (bench/chaos.py)")
     parser.add_argument("--faults", type=int, default=d.faults, help="with --chaos: faults in all")
     parser.add_argument(
+        "--lab", action="store_true", help="each agent in its own network namespace; chaos also cuts a host (root)"
+    )
+    parser.add_argument(
         "--budget", type=float, default=0.0, help="minutes after which no further request starts (default: none)"
     )
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -137,6 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_soak_bench(args: argparse.Namespace, cache_dir: Path) -> int:
+    from bench.chaos import KINDS, LAB_KINDS
     from bench.plan_bench import _default_export
 
     settings = SoakSettings(
@@ -150,6 +156,7 @@ def run_soak_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         sample_every=args.sample,
         chaos=args.chaos,
         faults=args.faults,
+        fault_kinds=LAB_KINDS if args.lab else KINDS,
         budget_s=args.budget * 60,
         seed=args.seed,
     )
@@ -157,7 +164,12 @@ def run_soak_bench(args: argparse.Namespace, cache_dir: Path) -> int:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(args.out or folder)
         out.mkdir(parents=True, exist_ok=True)
-        report = soak(settings, export, cache_dir, out)
+        if args.lab:
+            from tests.support.soak_lab import soak_in_lab
+
+            report = soak_in_lab(settings, export, cache_dir, out)
+        else:
+            report = soak(settings, export, cache_dir, out)
         (out / "soak.json").write_text(json.dumps(report, indent=1))
         (out / "soak.md").write_text(markdown(report))
         print(markdown(report))
@@ -165,12 +177,13 @@ def run_soak_bench(args: argparse.Namespace, cache_dir: Path) -> int:
     return 0 if all(g["pass"] for g in report["goals"].values()) else 1
 
 
-def soak(settings: SoakSettings, export: Path, cache_dir: Path, out: Path) -> dict[str, Any]:
-    """Form the fleet in ``out``, run the soak, stop the fleet; the report as a JSON-ready dict."""
+def soak(settings: SoakSettings, export: Path, cache_dir: Path, out: Path, lab: Any = None) -> dict[str, Any]:
+    """Form the fleet in ``out`` (in ``lab``'s hosts, a ``NetLab``, when given: run this inside it), run the
+    soak, stop the fleet; the report as a JSON-ready dict."""
     from agent.head.chat import ChatTokenizer
     from tests.support.soak_fleet import SoakFleet
 
-    fleet = SoakFleet(out, cache_dir, export)
+    fleet = SoakFleet(out, cache_dir, export, lab)
     began = time.monotonic()
     try:
         plan_hash = fleet.form()
@@ -502,7 +515,7 @@ class _Soak:
             },
         }
         if self.settings.chaos:
-            report["chaos"] = _chaos_report(faults, outcomes)
+            report["chaos"] = _chaos_report(faults, outcomes, self.settings.fault_kinds)
         report["goals"] = _goals(report)
         report["outcome_rows"] = [o.summary() for o in outcomes]
         report["samples"] = self.samples  # every agent's figures against time: a drift's shape (a plateau, a leak)
@@ -566,7 +579,7 @@ def _series(samples: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _chaos_report(faults: list[Any], outcomes: list[Outcome]) -> dict[str, Any]:
+def _chaos_report(faults: list[Any], outcomes: list[Outcome], kinds: tuple[str, ...]) -> dict[str, Any]:
     """Faults, and the answers they touched: in flight between a fault's injection and its fleet's one plan."""
     rows = [f.to_json() for f in faults]
     affected: set[int] = set()
@@ -582,7 +595,7 @@ def _chaos_report(faults: list[Any], outcomes: list[Outcome]) -> dict[str, Any]:
     return {
         "faults": rows,
         "injected": sum(not f.note.startswith("not injected") for f in faults),
-        "not_injected_on_loopback": ["cut (needs network namespaces: python -m bench plan's lab)"],
+        "not_injected_on_loopback": [] if "cut" in kinds else ["cut (needs network namespaces: --lab)"],
         "answers_affected": len(affected),
         "answers_lost": len(lost),
         "lost": lost,
@@ -673,8 +686,8 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"Faults injected: {c['injected']}; answers affected {c['answers_affected']}, lost {c['answers_lost']} "
             f"where a standby stood by, failed with a clear error {c['answers_failed_uncovered']} where none did; "
-            f"longest pause a user saw {report['longest_pause_s']} s; not on loopback: "
-            + "; ".join(c["not_injected_on_loopback"]),
+            f"longest pause a user saw {report['longest_pause_s']} s"
+            + "".join(f"; not on loopback: {kind}" for kind in c["not_injected_on_loopback"]),
             "",
             "| fault | target | standby | held | to one plan s | note |",
             "|---|---|---|---|---|---|",

@@ -1,9 +1,13 @@
-"""A self-forming fleet of real ``shoal agent`` processes on loopback, for the soak (``python -m bench soak``).
+"""A self-forming fleet of real ``shoal agent`` processes, for the soak (``python -m bench soak``).
 
 Three agents hold the stages of the plan the fleet document asks for, a fourth stands by with one stage
 compiled, a fifth is a spare member that gives no memory, and a head (no memory either) serves the chat
 endpoint and the OpenAI API. The first agent started is the coordinator (the longest-running member) and every
 other one's seed; an agent started again later is seeded by the head, which chaos never touches.
+
+On loopback by default; given a :class:`NetLab`, each agent runs in its own host of the lab (``LAB_HOSTS``)
+and a host can be cut off the network. The process driving a lab fleet must itself run inside the lab (the
+head's host, ``tests/support/soak_lab.py``): it asks the agents' status at their lab addresses.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from typing import Any
 
 from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.node.launcher import LocalAgent, launch_agent
+from tests.integration.netlab import NetLab
 
 STAGE_NODES = ("pc1", "pc2", "pc3")
 STANDBY = "pc4"
 SPARE = "pc5"
 HEAD = "head"
+LAB_HOSTS = {name: host for host, name in enumerate((*STAGE_NODES, STANDBY, SPARE, HEAD), start=1)}
+"""Each agent's host in a lab: the head's is where the soak's clients run (its chat and API on its loopback)."""
 AGENT_FLAGS = ("--threads", "1", "--no-mdns", "--no-verify", "--lost-after", "4", "--speed", "10")
 """Every agent's: one speed for all (measured on shared cores the figures are noise, and a late agent measured
 faster by chance would take a stage over instead of standing by); loopback carries no multicast."""
@@ -52,8 +59,8 @@ class SoakFleet:
     """The soak's agents by name: start them, form the ring from a signed fleet document, ask their status,
     and the faults the chaos driver injects (signals, a restart, a revocation)."""
 
-    def __init__(self, root: Path, cache_dir: Path, export: Path) -> None:
-        self.root, self.cache_dir, self.export = root, cache_dir, export
+    def __init__(self, root: Path, cache_dir: Path, export: Path, lab: NetLab | None = None) -> None:
+        self.root, self.cache_dir, self.export, self.lab = root, cache_dir, export, lab
         self.fleet_dir = root / "fleet"
         init_fleet(self.fleet_dir, "soak")
         self.admin = issue_node(self.fleet_dir, "admin")
@@ -63,13 +70,15 @@ class SoakFleet:
 
     def identity(self, name: str) -> NodeIdentity:
         if name not in self._identities:
-            self._identities[name] = issue_node(self.fleet_dir, name)
+            ips = [self.lab.ip(LAB_HOSTS[name])] if self.lab is not None and name in LAB_HOSTS else []
+            self._identities[name] = issue_node(self.fleet_dir, name, ips=ips)
         return self._identities[name]
 
     def start(self, name: str, *flags: str, seed: str | None = None) -> Member:
         """Start (or start again) the agent ``name``; returns once it listens. ``seed``: the member it dials."""
         member = self.members.setdefault(name, Member(name, flags))
         peer = self.members[seed].address if seed is not None else None
+        host = "127.0.0.1" if self.lab is None else self.lab.ip(LAB_HOSTS[name])
         member.agent = launch_agent(
             None,
             None,
@@ -81,9 +90,10 @@ class SoakFleet:
                 *(["--peer", f"{peer[0]}:{peer[1]}"] if peer else []),
             ],
             # the same port again on a restart: the others' links and plans name it
-            listen=f"127.0.0.1:{member.address[1] if member.address else 0}",
+            listen=f"{host}:{member.address[1] if member.address else 0}",
             log_path=self.root / f"{name}-{member.starts}.log",
             timeout=120,
+            wrapper=None if self.lab is None else self.lab.command(LAB_HOSTS[name], []),
         )
         member.address = member.agent.address
         member.starts += 1
@@ -168,6 +178,13 @@ class SoakFleet:
         pid = self.members[name].pid
         if pid is not None:
             os.kill(pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+    def cut(self, name: str, off: bool) -> None:
+        """Pull ``name``'s cable (``off``) or plug it back: its host's bridge port goes down or up; its peers get
+        no FIN and no RST, and notice only through keepalive and ``TCP_USER_TIMEOUT``."""
+        if self.lab is None:
+            raise RuntimeError("cutting a host off the network needs the lab (python -m bench soak --lab)")
+        (self.lab.cut if off else self.lab.restore)(LAB_HOSTS[name])
 
     def stop(self, name: str) -> None:
         member = self.members[name]

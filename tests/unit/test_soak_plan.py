@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from bench.chaos import KINDS, schedule
+from bench.chaos import KINDS, LAB_KINDS, schedule
 from bench.soak_bench import CANCELLABLE, CLIENTS, SoakSettings, plan_requests
 
 
@@ -19,6 +19,14 @@ def test_the_chaos_schedule_is_bounded_in_count_place_and_hold_and_revokes_the_o
         assert all(0.0 <= f.hold <= 20.0 for f in faults)
         assert all(f.hold >= 8.0 for f in faults if f.kind == "stop")  # SIGSTOP holds 8-30 s
     assert {f.kind for f in schedule(random.Random(1), 2, 60, ("kill", "coordinator"))} == {"kill", "coordinator"}
+
+
+def test_a_host_is_cut_off_only_in_the_lab_and_for_three_to_eight_seconds() -> None:
+    assert "cut" not in KINDS and "cut" in LAB_KINDS  # on loopback no host can be cut off
+    assert all(f.kind != "cut" for seed in range(50) for f in schedule(random.Random(seed), 9, 1000))
+    cuts = [f for seed in range(50) for f in schedule(random.Random(seed), 10, 1000, LAB_KINDS) if f.kind == "cut"]
+    assert len(cuts) >= 50, len(cuts)  # every shuffled turn of the five kinds has one
+    assert all(3.0 <= f.hold <= 8.0 for f in cuts) and max(f.hold for f in cuts) - min(f.hold for f in cuts) > 3
 
 
 def test_the_requests_mix_clients_sampling_and_a_tenth_cancelled_mid_answer() -> None:
