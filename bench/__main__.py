@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.soak_bench import add_arguments as add_soak_arguments
 
     add_soak_arguments(b)
+    b = bench.add_parser(
+        "plot-users", help="the curve of aggregate tok/s against users of a `ring --users` run, as an image"
+    )
+    from bench.users_plot import add_arguments as add_plot_arguments
+
+    add_plot_arguments(b)
     return parser
 
 
@@ -134,6 +140,10 @@ def _run_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         from bench.soak_bench import run_soak_bench
 
         return run_soak_bench(args, cache_dir)
+    if args.bench == "plot-users":
+        from bench.users_plot import run_plot_users
+
+        return run_plot_users(args)
     if args.bench == "chat":
         from bench.chat_bench import run_bench_chat
 

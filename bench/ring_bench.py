@@ -37,7 +37,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import itertools
 import json
 import os
 import resource
@@ -68,7 +67,8 @@ from bench.agents import (
 )
 from bench.baseline import PreparedExport, optimum_export, run_measured, shoal_export
 from bench.shards_bench import append_markdown, command_line, describe_machine, rotation, slug
-from bench.stats import Summary, agreement, paired_ratios
+from bench.stats import StampFigures, Summary, agreement, paired_ratios
+from bench.stats import percentile as percentile  # where tests and older callers import it from
 from bench.worker import RequestTimers
 
 if TYPE_CHECKING:  # OpenVINO is loaded once the head is pinned to its core
@@ -902,12 +902,7 @@ class Ring:
         begin = await first_shot[0]
         end = await self._with_agents(last_shot[0])
 
-        t0 = max(s[0] for s in stamps)
-        t1 = max(s[-1] for s in stamps)
-        counted = sum(1 for user_stamps in stamps for t in user_stamps if t > t0)
-        window = t1 - t0
-        per_user = [(len(s) - 1) / (s[-1] - s[0]) if len(s) > 1 and s[-1] > s[0] else 0.0 for s in stamps]
-        gaps = sorted(b - a for user_stamps in stamps for a, b in itertools.pairwise(user_stamps))
+        figures = StampFigures.of(stamps, started)
         executor = {
             name: end.executor.get(name, 0.0) - begin.executor.get(name, 0.0)
             for name in set(end.executor) | set(begin.executor)
@@ -916,11 +911,11 @@ class Ring:
             config=config,
             latency_ms=latency_ms,
             tokens=outputs,
-            tok_s=counted / window if window > 0 else 0.0,
-            per_user_tok_s=per_user,
-            ttft_s=[s[0] - started for s in stamps],
-            window_s=window,
-            window_tokens=counted,
+            tok_s=figures.tok_s,
+            per_user_tok_s=figures.per_user_tok_s,
+            ttft_s=figures.ttft_s,
+            window_s=figures.window_s,
+            window_tokens=figures.window_tokens,
             steps=sum(s.steps for s in stats),
             drafted=sum(s.drafted for s in stats),
             accepted=sum(s.accepted for s in stats),
@@ -942,8 +937,8 @@ class Ring:
             foreign_busy=foreign,
             wire_sent_bytes=wire_sent,
             wire_received_bytes=wire_received,
-            gap_p50_s=percentile(gaps, 0.5) if gaps else None,
-            gap_p99_s=percentile(gaps, 0.99) if gaps else None,
+            gap_p50_s=figures.gap_p50_s,
+            gap_p99_s=figures.gap_p99_s,
         )
 
 
@@ -1113,11 +1108,6 @@ def _pilot_text(pilot: dict[str, list[dict[str, Any]]]) -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f} %"
-
-
-def percentile(ordered: Sequence[float], share: float) -> float:
-    """The value below which ``share`` of the sorted ``ordered`` values lie (nearest rank)."""
-    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
 def _stop_on_sigterm() -> None:

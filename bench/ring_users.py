@@ -12,10 +12,11 @@ another, so it paces what reaches the agents. With ``--stageless-head`` an agent
 head's core, and every stage packs.
 
 For each number of users, rounds run every configuration in a rotated order (``mono``: openvino_genai serving
-one user on the head's core). N users each decode the same prompt, concurrently: the aggregate tok/s (tokens
-after the last user's first token, over the time from then to the last token), each user's tok/s, the time to
-first token, and the p50 / p99 of the time between a user's tokens. The load average is read before and after
-each run.
+one user on the head's core; ``cb``: openvino_genai's ``ContinuousBatchingPipeline`` serving the N users in one
+process on the head's and the agents' cores, :mod:`bench.cb_baseline`). N users each decode the same prompt,
+concurrently: the aggregate tok/s (tokens after the last user's first token, over the time from then to the last
+token), each user's tok/s, the time to first token, and the p50 / p99 of the time between a user's tokens. The
+load average is read before and after each run.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from agent.node.config import AgentConfig
 from bench import BenchError, select_configs
 from bench.agents import bench_dirs
+from bench.cb_baseline import SCHEDULER, CbRun, CbSpec, CbWorker
 from bench.ring_bench import (
     WARMUP_PROMPT_TOKENS,
     Ring,
@@ -47,7 +50,7 @@ from bench.ring_bench import (
 )
 from bench.shards_bench import command_line, describe_machine, rotation, slug
 
-USER_CONFIGS = ("mono", "pp", "pp+sd", "paged", "packed", "packed+sd", "packed+2ms")
+USER_CONFIGS = ("mono", "cb", "pp", "pp+sd", "paged", "packed", "packed+sd", "packed+2ms")
 DEFAULT_USER_CONFIGS = "pp,pp+sd,packed"
 AGENT_SETTINGS = {
     "state": "pack_budget = 0\n",
@@ -56,6 +59,7 @@ AGENT_SETTINGS = {
     "packed+2ms": 'kv = "paged"\npack_window = 0.002\n',
 }
 """The agent config file of each ring."""
+
 HEAD_SETTINGS = {
     "state": ("state", False),
     "paged": ("paged", False),
@@ -81,7 +85,8 @@ def run_users(args: argparse.Namespace, cache_dir: Path) -> int:
     if users[0] < 1:
         raise BenchError("--users counts users: 1 or more")
     configs = select_configs(args.configs or DEFAULT_USER_CONFIGS, USER_CONFIGS)
-    ring_configs = ",".join(["mono"] * ("mono" in configs) + ["pp"] + ["pp+sd"] * any(c in SPECULATES for c in configs))
+    baseline = "mono" in configs or "cb" in configs  # both run the optimum-intel export
+    ring_configs = ",".join(["mono"] * baseline + ["pp"] + ["pp+sd"] * any(c in SPECULATES for c in configs))
     settings = RingSettings.from_args(argparse.Namespace(**{**vars(args), "configs": ring_configs}))
     if len(settings.setups) != 1:
         raise BenchError("--users measures one setup: give --model and one --stages")
@@ -93,12 +98,15 @@ def run_users(args: argparse.Namespace, cache_dir: Path) -> int:
     os.sched_setaffinity(0, {settings.head_core})  # before OpenVINO is loaded here
     fleet_dir, log_dir = bench_dirs(cache_dir, "ring-users-logs")
     prompt_ids = _prompt_ids(exports.ring, settings.prompt, settings.tokens)
+    cb_cores = sorted({settings.head_core, *settings.agent_cores})
+    baselines = Baselines(exports.mono, cache_dir / "bench" / slug(setup.model) / "ov-cache")
     rings: dict[str, Ring] = {}
     for name, text in AGENT_SETTINGS.items():
         if any(RING_OF.get(c) == name for c in configs):
             folder = log_dir / name
             folder.mkdir()
-            (folder / "agent.toml").write_text(text)
+            # every user is a session on every agent: room for the most users of any run (the agents' default 8)
+            (folder / "agent.toml").write_text(text + f"max_sessions = {max(AgentConfig.max_sessions, *users)}\n")
             extra = ("--config", str(folder / "agent.toml"))
             rings[name] = Ring(
                 setup,
@@ -119,6 +127,7 @@ def run_users(args: argparse.Namespace, cache_dir: Path) -> int:
             "users": users,
             "configs": list(configs),
             "stageless_head": args.stageless_head,
+            **({"cb": {"scheduler": SCHEDULER, "cores": cb_cores}} if "cb" in configs else {}),
         },
         "machine": describe_machine(settings.head_core),
         "prompt_tokens": len(prompt_ids),
@@ -128,16 +137,42 @@ def run_users(args: argparse.Namespace, cache_dir: Path) -> int:
     try:
         for ring in rings.values():
             ring.start_processes()
-        asyncio.run(_measure(rings, settings, configs, users, prompt_ids, raw, log_dir / "results.json"))
+        if "cb" in configs:
+            if exports.mono is None:
+                raise BenchError("cb needs the optimum-intel export")
+            _progress(f"cb: loading ContinuousBatchingPipeline on cores {cb_cores}")
+            spec = CbSpec(
+                model_dir=str(exports.mono),
+                prompt_ids=prompt_ids,
+                tokens=settings.tokens,
+                warmup_tokens=settings.warmup_tokens,
+                cores=cb_cores,
+                warmup_prompt_tokens=WARMUP_PROMPT_TOKENS,
+                ov_cache_dir=str(baselines.ov_cache),
+            )
+            baselines = dataclasses.replace(baselines, cb=CbWorker(spec))
+        asyncio.run(_measure(rings, baselines, settings, configs, users, prompt_ids, raw, log_dir / "results.json"))
     finally:
         for ring in rings.values():
             ring.stop_processes()
+        if baselines.cb is not None:
+            baselines.cb.close()
     report = build_users_report(raw)
     return publish(args, log_dir, report, render_users_table(report), render_users_markdown(report, command_line()))
 
 
+@dataclasses.dataclass(frozen=True)
+class Baselines:
+    """What the rings are compared with: ``mono``'s export (a fresh process per run) and ``cb``'s process."""
+
+    mono: Path | None
+    ov_cache: Path
+    cb: CbWorker | None = None
+
+
 async def _measure(
     rings: dict[str, Ring],
+    baselines: Baselines,
     settings: RingSettings,
     configs: tuple[str, ...],
     users: list[int],
@@ -158,13 +193,16 @@ async def _measure(
                     load_before = os.getloadavg()[0]
                     packing: dict[str, float] = {}
                     if config == "mono":
-                        ring = next(iter(rings.values()))
-                        if ring.exports.mono is None:
+                        if baselines.mono is None:
                             raise BenchError("mono needs the optimum-intel export")
-                        ov_cache = ring.cache_dir / "bench" / slug(ring.setup.model) / "ov-cache"
                         done: RingRun = await loop.run_in_executor(
-                            None, _mono_run, ring.exports.mono, prompt_ids, settings.tokens, settings, ov_cache
+                            None, _mono_run, baselines.mono, prompt_ids, settings.tokens, settings, baselines.ov_cache
                         )
+                    elif config == "cb":
+                        assert baselines.cb is not None  # run_users started it: cb is among the configurations
+                        cb_run = await loop.run_in_executor(None, baselines.cb.run, count)
+                        done = cb_ring_run(cb_run)
+                        packing = {"cb_steps": float(cb_run.steps), "cb_max_cache_usage": cb_run.max_cache_usage}
                     else:
                         ring = rings[RING_OF[config]]
                         kind = settings.drafter if config in SPECULATES else None
@@ -195,6 +233,29 @@ async def _measure(
         for ring in rings.values():
             with contextlib.suppress(Exception):
                 await ring.close()
+
+
+def cb_ring_run(run: CbRun) -> RingRun:
+    """A ``cb`` run as the record of a ring run (its figures measured the same way)."""
+    figures = run.figures
+    return RingRun(
+        config="cb",
+        latency_ms=0.0,
+        tokens=run.tokens,
+        tok_s=figures.tok_s,
+        per_user_tok_s=figures.per_user_tok_s,
+        ttft_s=figures.ttft_s,
+        window_s=figures.window_s,
+        window_tokens=figures.window_tokens,
+        steps=run.steps,
+        drafted=0,
+        accepted=0,
+        k_chosen=[],
+        drafter=None,
+        cpu_share=run.cpu_share,
+        gap_p50_s=figures.gap_p50_s,
+        gap_p99_s=figures.gap_p99_s,
+    )
 
 
 async def _packing(ring: Ring) -> dict[str, float]:
@@ -261,7 +322,15 @@ def build_users_report(raw: dict[str, Any]) -> dict[str, Any]:
     ratios: dict[str, dict[str, float | None]] = {}
     for count, figures in cells.items():
         ratio = {}
-        for packed, plain in (("packed", "pp"), ("packed+sd", "pp+sd"), ("packed", "paged"), ("packed+2ms", "packed")):
+        for packed, plain in (
+            ("packed", "pp"),
+            ("packed+sd", "pp+sd"),
+            ("packed", "paged"),
+            ("packed+2ms", "packed"),
+            ("packed", "cb"),
+            ("packed+sd", "cb"),
+            ("pp", "cb"),
+        ):
             if packed in figures and plain in figures and figures[plain]["tok_s"]:
                 ratio[f"{packed}/{plain}"] = figures[packed]["tok_s"] / figures[plain]["tok_s"]
         mono = cells.get("1", {}).get("mono")
@@ -302,7 +371,14 @@ def render_users_markdown(report: dict[str, Any], command: str) -> str:
             f"`{command}` — {settings['tokens']} greedy tokens per user, {settings['runs']} rounds; the head "
             f"({'no stage' if settings['stageless_head'] else 'stage 0'}, all users) on core {settings['head_core']}"
             f"{', with the agent of stage 0' if settings['stageless_head'] else ''}, the other agents on "
-            f"{settings['agent_cores']}; gap = time between "
+            f"{settings['agent_cores']}; "
+            + (
+                f"cb = openvino_genai's ContinuousBatchingPipeline on cores {cb['cores']}, one thread each, "
+                f"SchedulerConfig {', '.join(f'{k}={v}' for k, v in cb['scheduler'].items())} (cache_size in GB); "
+                if (cb := settings.get("cb"))
+                else ""
+            )
+            + "gap = time between "
             "a user's consecutive tokens; load = the load average before the first and after the last run.",
             "",
             "```",

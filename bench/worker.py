@@ -375,47 +375,32 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
 
 
-class WorkerProcess:
-    """The parent's end: a worker process serving one configuration's timed runs."""
+class ChildProcess:
+    """The parent's end of a benchmark process (``python -m MODULE``) that answers each line it reads with one JSON
+    object: sent ``first`` (its spec) at start, its first answer is :attr:`ready`."""
 
-    def __init__(self, name: str, spec: RunSpec) -> None:
+    def __init__(self, name: str, module: str, first: str, env: dict[str, str]) -> None:
         self.name = name
         # the worker's stderr (OpenVINO warnings, tracebacks) is kept here and shown if it fails
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.worker"],
+            [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
             encoding="utf-8",
             errors="replace",
-            env=env,
+            env=dict(os.environ, **env),
         )
         if self._proc.stdin is None or self._proc.stdout is None:  # never: both are pipes
             raise BenchError("cannot talk to a worker process")
         self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
         try:
-            self._send(json.dumps(asdict(spec)))
-            self.load_s = float(self._receive()["load_s"])
+            self._send(first)
+            self.ready = self._receive()
         except BaseException:
             self.close()
             raise
-
-    def run(self) -> RunResult:
-        """One timed generation."""
-        return self._result(RUN)
-
-    def prefill(self, prompt_ids: list[int]) -> RunResult:
-        """One timed generation of a single token from ``prompt_ids`` (no warm-up): its ``ttft_s``."""
-        return self._result(json.dumps({PREFILL: prompt_ids}))
-
-    def _result(self, command: str) -> RunResult:
-        self._send(command)
-        try:
-            return RunResult.from_json(self._receive())
-        except TypeError as exc:
-            raise BenchError(f"{self.name} worker sent a malformed result ({exc})") from exc
 
     def close(self) -> None:
         """Ask the worker to quit (kill it if it does not) and forget its log."""
@@ -454,6 +439,31 @@ class WorkerProcess:
         self._log.seek(0)
         tail = "\n".join(self._log.read().strip().splitlines()[-15:])
         return BenchError(f"{self.name} worker ended (exit {code}):\n{tail}")
+
+
+class WorkerProcess(ChildProcess):
+    """The parent's end: a worker process serving one configuration's timed runs."""
+
+    def __init__(self, name: str, spec: RunSpec) -> None:
+        super().__init__(
+            name, "bench.worker", json.dumps(asdict(spec)), {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        )
+        self.load_s = float(self.ready["load_s"])
+
+    def run(self) -> RunResult:
+        """One timed generation."""
+        return self._result(RUN)
+
+    def prefill(self, prompt_ids: list[int]) -> RunResult:
+        """One timed generation of a single token from ``prompt_ids`` (no warm-up): its ``ttft_s``."""
+        return self._result(json.dumps({PREFILL: prompt_ids}))
+
+    def _result(self, command: str) -> RunResult:
+        self._send(command)
+        try:
+            return RunResult.from_json(self._receive())
+        except TypeError as exc:
+            raise BenchError(f"{self.name} worker sent a malformed result ({exc})") from exc
 
 
 def main() -> int:
