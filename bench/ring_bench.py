@@ -360,7 +360,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         metavar="N",
         help="many users instead (issue 45): N users each decode the prompt, for pp, pp+sd and packed "
         "(the agents pack their sessions' steps), e.g. --users 1 2 4 8; --configs from "
-        "mono,pp,pp+sd,paged,packed,packed+sd",
+        "mono,cb,pp,pp+sd,paged,packed,packed+sd,packed+2ms (cb: openvino_genai's continuous batching)",
     )
     b.add_argument(
         "--stageless-head",

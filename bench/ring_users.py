@@ -338,7 +338,57 @@ def build_users_report(raw: dict[str, Any]) -> dict[str, Any]:
             if mono and mono["tok_s"] and config != "mono":
                 ratio[f"{config}/mono(1 user)"] = cell["tok_s"] / mono["tok_s"]
         ratios[count] = ratio
-    return {"settings": raw["settings"], "machine": raw["machine"], "cells": cells, "ratios": ratios}
+    return {
+        "settings": raw["settings"],
+        "machine": raw["machine"],
+        "cells": cells,
+        "ratios": ratios,
+        "goals": users_goals(cells),
+    }
+
+
+GOALS_X_MONO = {"8": 4.0, "16": 6.0}
+"""Issue 45: N users on the ring at least this many times ``mono`` serving one user on one core."""
+PACKING_PAIRS = (("packed", "pp"), ("packed+sd", "pp+sd"))
+"""Packing on against off on the same kind of steps."""
+PACKING_GAIN_8 = 2.5
+PACKING_ALONE = 0.97
+GAP_P99_GROWTH_8 = 3.0
+"""p99 time between tokens with 8 users at most this many times the 1-user figure."""
+
+
+def users_goals(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Issue 45's goals over the cells a run measured (a goal whose cells are missing is left out): each with its
+    ratio, its target, whether the ratio must reach it (``at_most`` false) or stay below it, and pass."""
+    goals: dict[str, dict[str, Any]] = {}
+
+    def ratio(name: str, top: dict[str, Any] | None, bottom: dict[str, Any] | None, key: str, target: float) -> None:
+        if top and bottom and top.get(key) is not None and bottom.get(key):
+            value = top[key] / bottom[key]
+            at_most = key.startswith("gap")
+            goals[name] = {
+                "ratio": value,
+                "target": target,
+                "at_most": at_most,
+                "pass": value <= target if at_most else value >= target,
+            }
+
+    mono = cells.get("1", {}).get("mono")
+    for packed, plain in PACKING_PAIRS:
+        for count, target in GOALS_X_MONO.items():
+            ratio(f"{packed}, {count} users / mono", cells.get(count, {}).get(packed), mono, "tok_s", target)
+        eight, one = cells.get("8", {}), cells.get("1", {})
+        ratio(f"{packed}/{plain}, 8 users", eight.get(packed), eight.get(plain), "tok_s", PACKING_GAIN_8)
+        ratio(f"{packed}/{plain}, 1 user", one.get(packed), one.get(plain), "tok_s", PACKING_ALONE)
+        ratio(f"{packed} p99 gap, 8 users / 1 user", eight.get(packed), one.get(packed), "gap_p99_s", GAP_P99_GROWTH_8)
+    return goals
+
+
+def goal_text(name: str, goal: dict[str, Any]) -> str:
+    """``name: 1.23x (>= 2.50x) FAIL``."""
+    return f"{name}: {goal['ratio']:.2f}x ({'<=' if goal['at_most'] else '>='} {goal['target']:.2f}x) " + (
+        "pass" if goal["pass"] else "FAIL"
+    )
 
 
 def render_users_table(report: dict[str, Any]) -> str:
@@ -358,6 +408,7 @@ def render_users_table(report: dict[str, Any]) -> str:
         ratio = report["ratios"].get(count)
         if ratio:
             lines.append("      " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v is not None))
+    lines += ["goals: " + goal_text(name, goal) for name, goal in report.get("goals", {}).items()]
     return "\n".join(lines)
 
 

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import BenchError
-from bench.ring_users import build_users_report
+from bench.ring_users import GOALS_X_MONO, build_users_report
 
-GOALS_X_MONO = {8: 4.0, 16: 6.0}
-"""The issue's goals: N users on the ring at least this many times ``mono``'s one user."""
 BASELINE_STYLE: dict[str, dict[str, Any]] = {"cb": {"linestyle": "--", "color": "black"}}
 """The baselines' curves stand apart from the rings'."""
 
@@ -66,7 +64,7 @@ def plot_users(report: dict[str, Any], out: Path) -> None:
             axes.plot(xs, ys, marker="o", label=config, **BASELINE_STYLE.get(config, {}))
         if mono is not None:
             axes.axhline(mono, color="grey", linestyle=":", label="mono (1 user, 1 core)")
-            goals = [(users, share * mono) for users, share in GOALS_X_MONO.items() if users in counts]
+            goals = [(int(users), share * mono) for users, share in GOALS_X_MONO.items() if int(users) in counts]
             if goals:
                 xs, ys = zip(*goals, strict=True)
                 axes.plot(xs, ys, linestyle="none", marker="_", markersize=18, color="grey", label="goal (× mono)")
