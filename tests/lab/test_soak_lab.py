@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +37,10 @@ def test_a_soak_with_a_stage_host_cut_off_the_network_ends_every_request_and_ret
     if (why := NetLab.available()) is not None:
         pytest.skip(why)
     prefix = "shoalsoak" + os.environ.get("PYTEST_XDIST_WORKER", "")
-    report = soak_in_lab(SETTINGS, exported(3, "int4"), cache_dir, tmp_path, prefix=prefix)
+    export = exported(3, "int4")
+    began = time.monotonic()
+    report = soak_in_lab(SETTINGS, export, cache_dir, tmp_path, prefix=prefix)
+    print(f"lab soak: {time.monotonic() - began:.1f} s from the lab's start to its end")
     print(markdown(report))
     print(json.dumps({k: report[k] for k in ("errors", "mismatches")}, indent=1))
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, encoding="utf-8", check=True).stdout
