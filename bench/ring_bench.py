@@ -711,7 +711,11 @@ class Ring:
         )
         if self.head_stage:
             _progress(f"{self.setup.label}: compiling stage 0 on the head (core {self.settings.head_core})")
-            self.stages = [CompiledStage(export, self.manifest.stages[0], self.manifest.weights, config)]
+            # off the event loop: another ring's client (``--users``) may be connected already, and an agent drops a
+            # head that sends no heartbeat for 5 s (a 1.5B stage compiles for longer than that on a loaded core)
+            self.stages = [
+                await asyncio.to_thread(CompiledStage, export, self.manifest.stages[0], self.manifest.weights, config)
+            ]
         self.client = RingClient(
             self.manifest,
             self.proxied[0],
