@@ -1,6 +1,6 @@
 """Packed steps (issue 45): a stage computes the ready steps of several sessions together, a long prompt in chunks
-between the others' decode rows, and every session's tokens are those it gets alone; a session evicted, cancelled
-or whose head vanished in the middle of others' packed steps leaves their tokens unchanged.
+between the others' decode rows, and every session's tokens are those it gets alone; a session evicted, parked,
+cancelled or whose head vanished in the middle of others' packed steps leaves their tokens unchanged.
 
 Each test holds a stage's worker thread for a moment (``held``) so that several sessions' steps queue behind it:
 what the stage then computes is a pack, whatever the timing of the machine.
@@ -9,15 +9,20 @@ what the stage then computes is a pack, whatever the timing of the machine.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import pytest
 
 from agent.errors import SessionEvictedError, SessionFailedError
 from agent.head.drafters import NGramDrafter
+from agent.head.resumable import ResumableTarget
+from agent.head.ring_client import RingSession
 from agent.node.server import StageServer
+from agent.wire import Frame, FrameType
 from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
 
 PROMPTS = (
@@ -43,18 +48,36 @@ async def held(server: StageServer) -> AsyncIterator[None]:
         await busy
 
 
-async def queued(server: StageServer, frames: int) -> None:
-    """Until ``server`` has at least ``frames`` frames waiting (queued, or taken and not yet computed)."""
+def waiting(server: StageServer) -> list[Frame]:
+    """The frames ``server`` has taken or queued and not handled yet, and the steps it is computing."""
+    queue: collections.deque[Any] = server._queue._queue  # type: ignore[attr-defined]
+    return [w.frame for w in (*server._pending, *queue, *(r.work for r in server._running.values()))]
+
+
+async def queued(server: StageServer, frames: int = 0, steps_of: Iterable[int] = ()) -> None:
+    """Until ``server`` has at least ``frames`` frames waiting (queued, or taken and not yet computed), a step of
+    each session of ``steps_of`` among them."""
+    sessions = set(steps_of)
     deadline = asyncio.get_running_loop().time() + 5.0
-    while server.status()["queued"] + len(server._running) < frames:
+    while len(frames_now := waiting(server)) < frames or not sessions <= {
+        f.session for f in frames_now if f.type is FrameType.STEP
+    }:
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{server.node} never had {frames} frames waiting: {server.status()['queued']}")
+            seen = [f"{f.type.name} {f.session:x}" for f in frames_now]
+            raise AssertionError(f"{server.node} never had {frames} frames and steps of {sessions} waiting: {seen}")
         await asyncio.sleep(0.002)
 
 
 def extra_chunks(server: StageServer) -> int:
     """The slices a stage computed beyond one per step: the chunks of prompts cut by its packer."""
     return server.packed_steps - server.steps_served
+
+
+async def close_all(ring: ToyRing, sessions: Iterable[RingSession]) -> None:
+    """Close ``sessions`` and wait until no stage holds any session."""
+    for session in sessions:
+        await session.close()
+    await ring.until(lambda: ring.held() == [0] * len(ring.servers))
 
 
 def test_sessions_of_two_heads_packed_together_get_their_answers_alone() -> None:
@@ -78,9 +101,7 @@ def test_sessions_of_two_heads_packed_together_get_their_answers_alone() -> None
             assert first.packs < first.packed_steps, "stage 0 never computed two steps together"
             # beside the others' steps at stage 0, the prompts went in chunks of the budget (the long one in 11)
             assert extra_chunks(first) >= len(LONG) // BUDGET - 1
-            for session in sessions:
-                await session.close()
-            await ring.until(lambda: ring.held() == [0, 0, 0])
+            await close_all(ring, sessions)
         finally:
             for head in heads:
                 await head.close()
@@ -136,9 +157,56 @@ def test_a_session_evicted_while_others_are_packed_leaves_their_tokens_unchanged
             assert first.table.evicted == 1 and extra_chunks(first) > 0
             with pytest.raises(SessionEvictedError):
                 await kept.step([5], 0, last_only=True)
-            for session in (kept, chunked, newcomer):
-                await session.close()
-            await ring.until(lambda: ring.held() == [0, 0, 0])
+            await close_all(ring, (kept, chunked, newcomer))
+        finally:
+            await client.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_a_session_parked_while_others_are_packed_leaves_them_unchanged_and_resumes_where_it_stopped() -> None:
+    """A conversation's first turn is computed in packs with four other sessions (a long prompt among them, in
+    chunks). It parks while their steps wait at the held last stage, and its second turn is sent right behind its
+    PARK: at the last stage both are handled between the others' packed steps. The others' answers are the whole
+    model's; the second turn reuses the parked positions and its answer is that of the whole conversation sent
+    afresh."""
+
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=BUDGET)
+        client = ring.client()
+        await client.connect()
+        try:
+            others_prompts = (*PROMPTS[1:], LONG)
+            expected = [await reference(ring, p) for p in others_prompts]
+            first_turn = PROMPTS[0]
+            expected_first = await reference(ring, first_turn, 6)
+            second_turn = [*first_turn, *expected_first, 5, 6, 7, 8]
+            expected_second = await reference(ring, second_turn)
+            inner = await client.open_session(GREEDY)
+            kept = ResumableTarget(inner, GREEDY, grid=0)
+            others = [await client.open_session(GREEDY) for _ in others_prompts]
+            first, last = ring.servers[0], ring.servers[-1]
+            async with held(first):
+                turn = asyncio.ensure_future(answer(kept, first_turn, 6))
+                answers = [asyncio.ensure_future(answer(s, p)) for s, p in zip(others, others_prompts, strict=True)]
+                await queued(first, 1 + len(answers))
+            assert await turn == expected_first
+            async with held(last):
+                await kept.park()
+                await ring.until(lambda: [server.table.parked() for server in ring.servers[:-1]] == [1, 1])
+                assert not any(a.done() for a in answers), "the others were to be mid-answer as it parked"
+                kept.resume()
+                resumed = asyncio.ensure_future(answer(kept, second_turn))
+                # every other session's step and the second turn's prompt wait at the last stage, the PARK handled
+                # before them or in the same round
+                await queued(last, steps_of=[inner.id, *(s.id for s in others)])
+            assert list(await asyncio.gather(*answers)) == expected
+            assert await resumed == expected_second
+            assert kept.reused == len(first_turn) + len(expected_first) - 1, "the parked positions were computed again"
+            assert all(server.table.parked() == 0 for server in ring.servers)
+            assert first.packs < first.packed_steps and last.packs < last.packed_steps
+            await close_all(ring, (inner, *others))
         finally:
             await client.close()
             await ring.stop()
@@ -166,9 +234,7 @@ def test_a_session_cancelled_in_the_middle_of_its_chunks_leaves_the_others_uncha
             assert list(await asyncio.gather(*answers)) == expected
             with contextlib.suppress(asyncio.CancelledError):
                 await cancelled
-            for session in others:
-                await session.close()
-            await ring.until(lambda: ring.held() == [0, 0, 0])
+            await close_all(ring, others)
         finally:
             await client.close()
             await ring.stop()
@@ -196,9 +262,7 @@ def test_a_head_that_vanishes_while_its_prompt_is_chunked_leaves_the_others_unch
             with contextlib.suppress(Exception):
                 await lost
             await ring.until(lambda: ring.held() == [len(PROMPTS)] * 3)
-            for session in sessions:
-                await session.close()
-            await ring.until(lambda: ring.held() == [0, 0, 0])
+            await close_all(ring, sessions)
         finally:
             await doomed_head.close()
             await head.close()
@@ -226,9 +290,7 @@ def test_a_bug_in_the_worker_fails_the_sessions_of_its_steps_and_the_worker_goes
                 await unlucky.step(PROMPTS[0], 0, last_only=True)
             fine = await client.open_session(GREEDY)
             assert await answer(fine, PROMPTS[1]) == await reference(ring, PROMPTS[1])
-            for session in (unlucky, fine):
-                await session.close()
-            await ring.until(lambda: ring.held() == [0, 0, 0])
+            await close_all(ring, (unlucky, fine))
         finally:
             await client.close()
             await ring.stop()
