@@ -385,10 +385,11 @@ def users_goals(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[s
 
 
 def goal_text(name: str, goal: dict[str, Any]) -> str:
-    """``name: 1.23x (>= 2.50x) FAIL``."""
-    return f"{name}: {goal['ratio']:.2f}x ({'<=' if goal['at_most'] else '>='} {goal['target']:.2f}x) " + (
-        "pass" if goal["pass"] else "FAIL"
-    )
+    """``name: 1.23x (>= 2.50x) FAIL``; a ratio that rounds onto its target is shown to three places, so that a
+    FAIL never reads as equal."""
+    places = 3 if round(goal["ratio"], 2) == round(goal["target"], 2) else 2
+    bound = "<=" if goal["at_most"] else ">="
+    return f"{name}: {goal['ratio']:.{places}f}x ({bound} {goal['target']:.2f}x) {'pass' if goal['pass'] else 'FAIL'}"
 
 
 def render_users_table(report: dict[str, Any]) -> str:

@@ -28,6 +28,8 @@ def test_each_goal_is_its_ratio_against_its_target() -> None:
     assert goals["packed/pp, 8 users"]["ratio"] == 2.5 and goals["packed/pp, 8 users"]["pass"]
     assert goals["packed/pp, 1 user"]["ratio"] == pytest.approx(14.0 / 15.0)
     assert not goals["packed/pp, 1 user"]["pass"]  # 0.933 < 0.97
+    close = {"ratio": 0.9689, "target": 0.97, "at_most": False, "pass": False}
+    assert goal_text("alone", close) == "alone: 0.969x (>= 0.97x) FAIL"
 
 
 def test_the_time_between_tokens_must_stay_below_its_target() -> None:
