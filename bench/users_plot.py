@@ -58,7 +58,7 @@ def plot_users(report: dict[str, Any], out: Path) -> None:
     mono = dict(curves.pop("mono", [])).get(1)
     counts = sorted({users for points in curves.values() for users, _ in points} | {1})
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "shoal"}):
-        figure, axes = plt.subplots(figsize=(7.5, 4.5))
+        figure, axes = plt.subplots(figsize=(8.5, 4.5))
         for config, points in curves.items():
             xs, ys = zip(*points, strict=True)
             axes.plot(xs, ys, marker="o", label=config, **BASELINE_STYLE.get(config, {}))
@@ -75,7 +75,7 @@ def plot_users(report: dict[str, Any], out: Path) -> None:
         axes.set_ylim(bottom=0)
         axes.set_title(_title(report))
         axes.grid(True, alpha=0.3)
-        axes.legend(fontsize="small")
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves
         figure.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out, metadata={"Date": None} if out.suffix.lower() == ".svg" else None)
