@@ -21,6 +21,7 @@ import numpy as np
 import openvino as ov
 
 from agent.errors import FleetBusyError, RuntimeStageError
+from agent.runtime.hidden_precision import Widener
 from agent.runtime.kv_blocks import BlockAllocator, BlockTable
 from agent.runtime.paged_prefill import PagedPrefill, sequences_feed
 
@@ -48,6 +49,7 @@ class PagedKV:
         unread one (in a block of its own), and a head reads at least two rows, so that no matmul ever takes one
         row (on two threads below f32 the plugin rounds one row otherwise than two or more: ``paged_pads``)."""
         self.compiled = compiled
+        self._widen = Widener() if compiled.widens else None
         self.name = name
         self.allocator = BlockAllocator(blocks + pads, compiled.block_size)
         self._scratch: list[int] | None = None
@@ -221,6 +223,8 @@ class PagedKV:
             raise RuntimeStageError(f"{self.name}: packed inference of {len(rows)} steps failed: {exc}") from exc
         self.inferences += 1
         out = self.request.get_tensor(c.output).data
+        if self._widen is not None:
+            out = self._widen(out)
         out = out.reshape(-1, out.shape[-1])
         outs, begin = [], 0
         for row, n in zip(rows, counts, strict=True):

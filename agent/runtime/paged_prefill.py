@@ -26,6 +26,7 @@ import numpy as np
 import openvino as ov
 
 from agent.errors import RuntimeStageError
+from agent.runtime.hidden_precision import Widener, narrow_output, narrows_hidden_states, widens
 from shards.manifest import LOGITS_INDEX
 
 _TOKEN_INPUTS = {"input_ids": "input_ids", "hidden_states": "inputs_embeds"}
@@ -170,6 +171,8 @@ class PagedPrefill:
         self.inference_positions = inference_positions
         self.graph = graph
         self.output = compiled.output(output)
+        self.widens = widens(self.output)
+        """Its output is hidden states narrowed to bf16, read as f32 (``agent.runtime.hidden_precision``)."""
         shape = compiled.input(next(iter(graph.caches))).get_partial_shape()
         if shape.rank.get_length() != 4 or not all(shape[i].is_static for i in (1, 2, 3)):
             raise RuntimeStageError(f"KV blocks of shape {shape}: expected [blocks, heads, block size, head size]")
@@ -194,6 +197,7 @@ class PagedStep:
     def __init__(self, prefill: PagedPrefill, request: ov.InferRequest) -> None:
         self.prefill = prefill
         self.request = request
+        self._widen = Widener() if prefill.widens else None
 
     def run(
         self,
@@ -263,6 +267,8 @@ class PagedStep:
             # the request would keep the blocks alive until the session's next long step
             self.request.set_tensor(name, p.empty_blocks)
         out = self.request.get_tensor(p.output).data
+        if self._widen is not None:
+            out = self._widen(out)
         return out.reshape(1, -1, out.shape[-1])
 
     def _to_blocks(self, kv: np.ndarray | None, kept: np.ndarray, blocks: int) -> np.ndarray:
@@ -311,8 +317,11 @@ def compile_paged_prefill(
     if computes_in is None:
         computes_in = core.get_property(device, "INFERENCE_PRECISION_HINT").to_string()
     blocks = BLOCK_PRECISIONS.get(computes_in, BLOCK_PRECISIONS["f32"])
+    model = graph.model
+    if narrows_hidden_states(core, device, output == "logits", computes_in):
+        model = narrow_output(model, output, computes_in)
     try:
-        compiled = core.compile_model(graph.model, device, {**props, "KV_CACHE_PRECISION": blocks.name})
+        compiled = core.compile_model(model, device, {**props, "KV_CACHE_PRECISION": blocks.name})
     except RuntimeError as exc:
         raise RuntimeStageError(f"cannot compile the PagedAttention graph on {device}: {exc}") from exc
     return PagedPrefill(compiled, graph, output)

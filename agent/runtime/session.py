@@ -18,6 +18,7 @@ import numpy as np
 import openvino as ov
 
 from agent.errors import RuntimeStageError
+from agent.runtime.hidden_precision import Widener, widens
 from agent.runtime.paged_prefill import PagedStep
 from agent.runtime.repeatable import ALIKE_MIN_PROMPT
 from shards.manifest import LOGITS_INDEX
@@ -59,6 +60,8 @@ class StageSession:
         self._paged_prompts = paged_prompts
         self._wrap: Callable[[ov.InferRequest], ov.InferRequest] | None = None
         self._output = output
+        # hidden states a CPU stage narrowed to bf16 (agent.runtime.hidden_precision) go on as f32
+        self._widen = Widener() if widens(output) else None
         self._holds_head = holds_head
         self._selects_positions = selects_positions
         self._compact = compact_rewind
@@ -154,6 +157,8 @@ class StageSession:
             request.set_input_tensor(self._index_port, rows)
         # share_outputs: the result is a view of the request's output tensor, not a copy
         out = request.infer(share_outputs=True)[self._output]
+        if self._widen is not None:
+            out = self._widen(out)
         self._physical = end
         self._logical += n
         return self._last_only(out, last_only)
