@@ -13,17 +13,20 @@ import collections
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.chat_client.protocol import ChatEvent, ChatRequest
 from agent.errors import SessionEvictedError, SessionFailedError
 from agent.head.drafters import NGramDrafter
 from agent.head.resumable import ResumableTarget
 from agent.head.ring_client import RingSession
 from agent.node.server import StageServer
 from agent.wire import Frame, FrameType
-from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, run
+from tests.middle.toy_ring import GREEDY, ToyRing, answer, reference, ring_and_chat, run
+from tests.support.toy_model import ToyTokenizer
 
 PROMPTS = (
     [1, 3, 9, 14, 22, 9, 14, 31, 2, 4],
@@ -210,6 +213,49 @@ def test_a_session_parked_while_others_are_packed_leaves_them_unchanged_and_resu
         finally:
             await client.close()
             await ring.stop()
+
+    run(main)
+
+
+def test_chats_whose_stage_is_lost_mid_packed_decode_are_replayed_with_their_answers_unchanged(tmp_path: Path) -> None:
+    """Four chats of one agent decode at once, packed on the ring's stages; stage 1's PC vanishes once they are
+    all mid-answer and a fresh agent (no sessions) is back there 0.3 s later. The agent replays every chat into a
+    fresh session, the replays pack there too, and each answer is the whole model's (the real processes' case,
+    kill -9 and a standby: tests/integration/test_packed_replay.py)."""
+    questions = ("where is the toy", "what is the toy made of", "who found the toy", "x")
+
+    async def main() -> None:
+        # no drafts: every token is a step, so the chats go on at one pace (one drafted whole in a few steps)
+        async with ring_and_chat(tmp_path, max_sessions=8, drafter="none") as (ring, daemon):
+            chats = daemon.chats
+            assert chats is not None
+            prompts = [ToyTokenizer().encode_chat([{"role": "user", "content": q}]) for q in questions]
+            expected = [await reference(ring, p, 40) for p in prompts]
+            tokens: list[list[int]] = [[] for _ in questions]
+            ends: list[ChatEvent | None] = [None for _ in questions]
+
+            async def chat(index: int) -> None:
+                request = ChatRequest(token=chats.token, messages=(("user", questions[index]),), max_tokens=40)
+                async for event in chats.answer(request):
+                    if event.event == "token" and event.id is not None:
+                        tokens[index].append(event.id)
+                    elif event.event in ("done", "error"):
+                        ends[index] = event
+
+            answering = asyncio.ensure_future(asyncio.gather(*(chat(i) for i in range(len(questions)))))
+            await ring.until(lambda: min(map(len, tokens)) >= 6)
+            await ring.vanish(1)
+            lost_at = [len(t) for t in tokens]
+            asyncio.get_running_loop().call_later(0.3, lambda: asyncio.ensure_future(ring.restart(1)))
+            await answering
+            assert all(n < len(e) for n, e in zip(lost_at, expected, strict=True)), (
+                f"a chat had ended: {lost_at}, {expected}"
+            )
+            assert [e.event if e else None for e in ends] == ["done"] * len(questions), ends
+            assert [e.stats["replays"] if e and e.stats else None for e in ends] == [1] * len(questions)
+            assert tokens == expected
+            fresh = ring.servers[1]
+            assert fresh.packs < fresh.packed_steps, "the replayed sessions never packed on the fresh stage 1"
 
     run(main)
 
