@@ -1,8 +1,9 @@
 """Packed steps (issue 45): a stage computes the ready steps of several sessions together, a long prompt in chunks
 between the others' decode rows, and every session's tokens are those it gets alone; a session evicted, parked,
-cancelled or whose head vanished in the middle of others' packed steps leaves their tokens unchanged.
+cancelled or whose head vanished in the middle of others' packed steps leaves their tokens unchanged, and chats
+whose stage is lost mid-decode are replayed with their answers unchanged.
 
-Each test holds a stage's worker thread for a moment (``held``) so that several sessions' steps queue behind it:
+Most tests hold a stage's worker thread for a moment (``held``) so that several sessions' steps queue behind it:
 what the stage then computes is a pack, whatever the timing of the machine.
 """
 
