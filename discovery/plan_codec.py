@@ -4,12 +4,14 @@ The coordinator (``discovery.plan_service``) sends its plan to every member as a
 (``discovery.control.PlanOffer``)::
 
     {"schema": 1, "coordinator": NODE, "document": FLEET DOCUMENT VERSION, "export": EXPORT ID,
-     "hash": SHA256, "epoch": N, "bottleneck": 1.5, "probation": [NODE, ...],
+     "hash": SHA256, "epoch": N, "bottleneck": 1.5, "probation": [NODE, ...], "quorum": true,
      "assignments": [{"stage": 0, "node": NODE | null, "standbys": [NODE, ...], "reason": "..."}, ...],
      "pins": [{"node": ..., "stage": ..., "required": ..., "honoured": ..., "reason": "..."}, ...]}
 
 A reader rebuilds the :class:`~discovery.placement.Plan` and checks that its hash is the one sent: the same
-placement hashes the same in every process, so a mismatch is a corrupt or foreign message.
+placement hashes the same in every process, so a mismatch is a corrupt or foreign message. ``quorum`` (how
+the plan ranks when two sides of a partition meet: ``discovery.plan_service.supersedes``) is read as ``true``
+when absent, as a sender from before it meant.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class PlanRecord:
     coordinator: str
     document: int
     export: str
+    quorum: bool = True
+    """Whether its coordinator planned it seeing a majority of the fleet it knew, on from a plan that did too
+    (``discovery.plan_service.planned_with_quorum``): a plan made by a node cut off alone never wins over the
+    fleet's on reconnect."""
 
     def to_json(self) -> dict[str, Any]:
         plan = self.plan
@@ -44,6 +50,7 @@ class PlanRecord:
             "epoch": plan.epoch,
             "bottleneck": plan.bottleneck,
             "probation": sorted(plan.probation),
+            "quorum": self.quorum,
             "assignments": [
                 {"stage": a.stage, "node": a.node, "standbys": list(a.standbys), "reason": a.reason}
                 for a in plan.assignments
@@ -86,7 +93,13 @@ class PlanRecord:
                 bottleneck=float(data["bottleneck"]),
                 probation=frozenset(_str(n) for n in data["probation"]),
             )
-            record = cls(plan, _str(data["coordinator"]), _int(data["document"]), _str(data["export"]))
+            record = cls(
+                plan,
+                _str(data["coordinator"]),
+                _int(data["document"]),
+                _str(data["export"]),
+                _bool(data.get("quorum", True)),
+            )
         except (KeyError, TypeError, ValueError, OverflowError, FleetError) as exc:  # FleetError: a bad pin
             raise RemoteProtocolError(f"malformed plan: {exc}") from exc
         if plan.hash != data.get("hash"):
@@ -97,6 +110,12 @@ class PlanRecord:
 def _int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected an integer, not {value!r}")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, not {value!r}")
     return value
 
 

@@ -14,8 +14,20 @@ plan (and its hysteresis: ``previous``) is never replaced by the blank plan of a
 coordinator leaves, the next one plans on from the plan it followed. Two members that briefly see different
 coordinators (a partition) each follow their own side's; once the views meet, they agree on one again
 (``tests/lab/test_plan_lab.py`` checks this while members join and leave). A coordinator that was away (frozen,
-cut off) and comes back never takes the fleet back to its older plan: a follower refuses a plan older than its
-own and sends its own back, and the coordinator plans on from it (:func:`supersedes`).
+cut off) and comes back never takes the fleet back to its older plan: a follower refuses a plan its own outranks
+and sends its own back, and the coordinator plans on from it (:func:`supersedes`).
+
+Which plan wins when two sides meet: plans rank by ``(quorum, epoch)``, not by epoch alone. A node cut off the
+network still plans, for itself (its members seem lost), and its epochs grow as fast as the fleet's; but it saw
+no majority of the fleet it knew (:func:`sees_quorum`), so its plan is marked without a quorum and the fleet's
+plan, made with one, wins on reconnect, whatever the epochs (issue 46 §3: a cut-off pc2's epoch 3, stage 0
+uncovered, had made the coordinator drop its own stage 0). A plan made on from a plan without a quorum has none
+either until its coordinator has seen a quorum for :data:`SETTLE` seconds (:func:`planned_with_quorum`): a
+coordinator back from a cut must first hear the fleet's plan (its followers send it back) rather than win with
+the plans it made alone. In a fleet where no majority can be seen (two nodes, half the PCs lost for good) every
+plan ranks without a quorum and the epoch decides, as before. A follower refuses a plan for want of a quorum
+only while it sees one itself: on a side of the fleet where nobody does, a coordinator that adopted the
+follower's plan and planned on from it without a quorum is followed, not refused in a loop.
 
 Planning is a pure function of what this service gathers; it reads the clock only for :func:`forgive`
 (a member on probation is forgiven after :data:`FORGIVE_AFTER` seconds as a steady member).
@@ -62,11 +74,35 @@ def forgive_after(probations: int) -> float:
 
 
 MANIFEST_RETRY = 5.0
+SETTLE = 10.0
+"""Seconds a coordinator must see a quorum before the plans it makes on from a plan without one count as made
+with a quorum: time for its followers to send back the fleet's plan (they do every :data:`REPEAT` seconds)."""
+
+
+def sees_quorum(membership: Membership) -> bool:
+    """Whether this agent sees a majority of the fleet it knows: itself and its members, against those and the
+    members lost (unheard, or their link broke without a goodbye). Members gone (a goodbye), revoked, foreign or
+    not verified do not count: a PC that left cleanly does not hold the quorum hostage."""
+    seen = 1 + len(membership.in_state(MemberState.MEMBER))
+    return 2 * seen > seen + len(membership.in_state(MemberState.LOST))
+
+
+def planned_with_quorum(sees: bool, base: PlanRecord | None, seen_for: float) -> bool:
+    """Whether a plan made now ranks as made with a quorum: its coordinator ``sees`` one, and it goes on from a
+    plan that had one (or from none), or the coordinator has seen a quorum for :data:`SETTLE` seconds
+    (``seen_for``) without a member sending back a better plan."""
+    return sees and (base is None or base.quorum or seen_for >= SETTLE)
+
+
+def rank(record: PlanRecord) -> tuple[bool, int]:
+    """How a plan ranks against another of the same document and export: made with a quorum first, then epoch."""
+    return record.quorum, record.plan.epoch
 
 
 def supersedes(record: PlanRecord, other: PlanRecord | None) -> bool:
     """Whether ``record`` comes after ``other`` in the fleet's sequence of plans: made for the same fleet document
-    and export, with a higher epoch (epochs only grow: each plan goes on from the one in force).
+    and export, and ranking higher (:func:`rank`: a plan made with a quorum over one made without, then the higher
+    epoch; epochs only grow: each plan goes on from the one in force).
 
     Why a follower and a coordinator both ask: a coordinator frozen for a while (SIGSTOP, a laptop lid) comes back
     with the plan it made before, while the next-oldest member planned on without it. Seniority makes it the
@@ -77,8 +113,15 @@ def supersedes(record: PlanRecord, other: PlanRecord | None) -> bool:
         other is not None
         and record.document == other.document
         and record.export == other.export
-        and record.plan.epoch > other.plan.epoch
+        and rank(record) > rank(other)
     )
+
+
+def refuses(own: PlanRecord, offer: PlanRecord, sees: bool) -> bool:
+    """Whether a follower holding ``own`` refuses its coordinator's ``offer`` (and sends ``own`` back): ``own``
+    supersedes it, by a higher epoch, or by its quorum alone only if the follower ``sees`` a quorum now (else its
+    side of the fleet has none to speak for)."""
+    return supersedes(own, offer) and (sees or own.plan.epoch > offer.plan.epoch)
 
 
 def coordinator_of(membership: Membership) -> str:
@@ -126,6 +169,8 @@ class FleetPlanService:
         self._sent_back: dict[str, PlanRecord] = {}
         """The last plan each member sent back, newer than this agent's as its coordinator (:meth:`_send_back`)."""
         self._inputs: tuple[Any, ...] | None = None
+        self._quorum_since: float | None = None
+        """Since when this agent, as the coordinator, has seen a quorum while its plan had none (:data:`SETTLE`)."""
         self._sent_at = 0.0
         self._steady_since: dict[str, float] = {}
         self._probations: dict[str, int] = {}
@@ -216,18 +261,18 @@ class FleetPlanService:
         coordinator = coordinator_of(state)
         if coordinator == self.me:
             self._adopt_newer(document, manifest)
-            self._coordinate(document, manifest, candidates(state), self._revoked())
+            self._coordinate(document, manifest, candidates(state), self._revoked(), sees_quorum(state))
             return
         offer = self._offers.get(coordinator)
         if offer is None or offer.document != document.version or offer.export != manifest.export_id:
             return
         record = self.record
-        if record is not None and supersedes(record, offer):
+        if record is not None and refuses(record, offer, sees_quorum(state)):
             self._send_back(record, coordinator)
             return
         if record is None or offer.plan.hash != record.plan.hash or offer.coordinator != record.coordinator:
             self._follow(offer, f"coordinator {self._names().get(coordinator, coordinator)}")
-        elif offer.plan.epoch != record.plan.epoch:
+        elif offer != record:  # the same placement, at another epoch or now with a quorum
             self.record = offer
 
     def _send_back(self, record: PlanRecord, coordinator: str) -> None:
@@ -247,20 +292,23 @@ class FleetPlanService:
         self.membership.broadcast(control.PlanOffer(record.to_json(), sent_back=True))
 
     def _adopt_newer(self, document: FleetDocument, manifest: Manifest) -> None:
-        """As the coordinator, follows the newest plan a member sent back if it supersedes this agent's own (this
-        agent was away while another planned on): :meth:`_coordinate` then plans on from it. Also at the same
-        epoch: back from a freeze, this agent may have planned once from its view of the moment (its members
-        seemed lost), reaching the epoch of the plan the fleet applied meanwhile; the fleet's plan wins."""
+        """As the coordinator, follows the best plan a member sent back if it supersedes this agent's own (this
+        agent was away while another planned on, or cut off, planning alone): :meth:`_coordinate` then plans on
+        from it. Also at the same rank: back from a freeze, this agent may have planned once from its view of the
+        moment (its members seemed lost), reaching the epoch of the plan the fleet applied meanwhile; the fleet's
+        plan wins. The plan sent back may be one this agent made itself before a cut: the fleet kept it.
+
+        Each plan sent back is weighed once (members send theirs again every :data:`REPEAT` seconds while they
+        disagree): an old one kept would outrank this agent's next plan made without a quorum."""
         record = self.record
         sent = [
-            o
-            for o in self._sent_back.values()
-            if o.document == document.version and o.export == manifest.export_id and o.coordinator != self.me
+            o for o in self._sent_back.values() if o.document == document.version and o.export == manifest.export_id
         ]
-        newest = max(sent, key=lambda o: o.plan.epoch, default=None)
+        self._sent_back.clear()
+        newest = max(sent, key=rank, default=None)
         if newest is None or record is None:
             return
-        tied = newest.plan.epoch == record.plan.epoch and newest.plan.hash != record.plan.hash
+        tied = rank(newest) == rank(record) and newest.plan.hash != record.plan.hash
         if supersedes(newest, record) or (
             tied and newest.document == record.document and newest.export == record.export
         ):
@@ -278,18 +326,30 @@ class FleetPlanService:
         return {r.node_id: r.name for r in revocations.revoked} if revocations is not None else {}
 
     def _coordinate(
-        self, document: FleetDocument, manifest: Manifest, members: tuple[Candidate, ...], revoked: dict[str, str]
+        self,
+        document: FleetDocument,
+        manifest: Manifest,
+        members: tuple[Candidate, ...],
+        revoked: dict[str, str],
+        sees: bool,
     ) -> None:
-        previous = self.record.plan if self.record is not None and self.record.export == manifest.export_id else None
-        if previous is not None:
-            previous = self._forgiven(previous, members)
+        """Plans (when an input changed) and offers the plan; ``sees``: this agent sees a quorum
+        (:func:`sees_quorum`)."""
+        base = self.record if self.record is not None and self.record.export == manifest.export_id else None
+        previous = self._forgiven(base.plan, members) if base is not None else None
         probation = previous.probation if previous else None
-        inputs = (document.version, manifest.export_id, members, probation, tuple(sorted(revoked.items())))
         now = self._clock()
+        if not sees or base is None or base.quorum:
+            self._quorum_since = None
+        elif self._quorum_since is None:
+            self._quorum_since = now
+        seen_for = 0.0 if self._quorum_since is None else now - self._quorum_since
+        quorum = planned_with_quorum(sees, base, seen_for)
+        inputs = (document.version, manifest.export_id, members, probation, tuple(sorted(revoked.items())), quorum)
         if inputs != self._inputs or self.record is None or self.record.coordinator != self.me:
             self._inputs = inputs
             new = plan(document, self.needs, members, previous, revoked)
-            record = PlanRecord(new, self.me, document.version, manifest.export_id)
+            record = PlanRecord(new, self.me, document.version, manifest.export_id, quorum)
             if self.record is None or record.plan.hash != self.record.plan.hash or self.record.coordinator != self.me:
                 self._follow(record, "this agent (the coordinator)")
                 self._sent_at = 0.0
@@ -318,11 +378,12 @@ class FleetPlanService:
             f"{a.stage}:{names.get(a.node, a.node) if a.node else 'uncovered'}" for a in record.plan.assignments
         )
         log.info(
-            "node=%s plan %s epoch %d (document %d) from %s: %s",
+            "node=%s plan %s epoch %d (document %d%s) from %s: %s",
             self.me,
             record.plan.hash[:12],
             record.plan.epoch,
             record.document,
+            "" if record.quorum else ", without a quorum",
             source,
             placed,
         )

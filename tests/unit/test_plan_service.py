@@ -22,7 +22,18 @@ from discovery.kept import FleetDocumentKeeper, RevocationKeeper
 from discovery.membership import Member, Membership, MemberState, Source
 from discovery.placement import Assignment, Candidate, PinOutcome, Plan, stage_needs
 from discovery.plan_codec import PlanRecord
-from discovery.plan_service import FORGIVE_MAX, FleetPlanService, coordinator_of, forgive_after, supersedes
+from discovery.plan_service import (
+    FORGIVE_MAX,
+    REPEAT,
+    SETTLE,
+    FleetPlanService,
+    coordinator_of,
+    forgive_after,
+    planned_with_quorum,
+    refuses,
+    sees_quorum,
+    supersedes,
+)
 from discovery.service import MembershipService, MembershipSettings
 from shards.manifest import Manifest
 from tests.support.memory_network import MemoryNetwork
@@ -257,3 +268,213 @@ def test_a_plan_sent_back_says_so_on_the_wire_and_a_plain_offer_reads_as_before(
     assert control.from_frame(back) == control.PlanOffer(record, sent_back=True)
     plain = control.to_frame(control.PlanOffer(record))
     assert b'"back"' not in plain.payload and control.from_frame(plain) == control.PlanOffer(record)
+
+
+# -- issue 46 §3: a host cut off the network must not make the fleet follow the plan it made alone --------------
+class Agent:
+    """One agent's plan service over a membership this test sets, its control messages captured, a fake clock."""
+
+    def __init__(self, me: Announcement, fleet_doc: FleetDocumentKeeper, shards: Manifest, clock: list[float]) -> None:
+        self.me = me
+        self.members = MembershipService(me, MemoryNetwork(), MembershipSettings(mdns=False), fleet=fleet_doc)
+        self.sent: list[control.ControlMessage] = []
+        self.members.broadcast = self.sent.append  # type: ignore[method-assign]
+
+        async def no_manifest(model: ModelSource) -> Manifest:
+            raise AssertionError("not asked")
+
+        self.service = FleetPlanService(self.members, no_manifest, clock=lambda: clock[0])
+        assert fleet_doc.current is not None
+        self.service.model, self.service.manifest = fleet_doc.current.model, shards
+        self.service.needs = stage_needs(shards)
+
+    def sees(self, others: dict[Announcement, MemberState]) -> None:
+        self.members.state = fleet(self.me, *others.items())
+
+    def step(self) -> PlanRecord:
+        self.service._plan_step()
+        assert self.service.record is not None
+        return self.service.record
+
+    def last_sent(self) -> control.PlanOffer:
+        offer = self.sent[-1]
+        assert isinstance(offer, control.PlanOffer)
+        return offer
+
+    def hears(self, other: Agent, sent_back: bool = False) -> None:
+        """Receives the last plan ``other`` sent."""
+        self.service._offered(other.me.node, other.last_sent().plan, sent_back)
+
+
+def office(tmp_path: Path, clock: list[float]) -> list[Agent]:
+    """Six agents, pc1 the longest-running (the coordinator); every one can hold any one stage of three."""
+    init_fleet(tmp_path / "fleet", "ours")
+    ca = read_certificate(tmp_path / "fleet" / "ca.pem")
+    fleet_doc: FleetDocumentKeeper = Kept(tmp_path / "fleet.json", ca, FleetDocument.verify)
+    fleet_doc.current = FleetDocument(fleet_id_of(ca), 1, NOW, ModelSource(export_dir="/exports/m"))
+    shards = manifest(stages=3, layers=9)
+    pcs = [replace(announce(n, 100 * n), fleet=fleet_id_of(ca), memory_mb=64_000, speed=10.0) for n in range(1, 7)]
+    return [Agent(pc, fleet_doc, shards, clock) for pc in pcs]
+
+
+def all_see_each_other(agents: list[Agent], lost: frozenset[str] = frozenset()) -> None:
+    """Every agent not in ``lost`` sees the others not in ``lost`` as members and those in ``lost`` as lost; an
+    agent in ``lost`` sees every other as lost (it is cut off alone)."""
+    for a in agents:
+        alone = a.me.node in lost
+        a.sees(
+            {b.me: MemberState.LOST if alone or b.me.node in lost else MemberState.MEMBER for b in agents if b is not a}
+        )
+
+
+def formed(agents: list[Agent]) -> PlanRecord:
+    """The fleet's plan once every agent follows the coordinator's (pc1's)."""
+    all_see_each_other(agents)
+    coordinator = agents[0]
+    planned = coordinator.step()
+    for follower in agents[1:]:
+        follower.hears(coordinator)
+        assert follower.step() == planned
+    assert planned.quorum and planned.plan.complete
+    return planned
+
+
+def test_a_quorum_is_a_majority_of_the_members_seen_and_lost_and_outranks_any_epoch() -> None:
+    me, others = announce(1, 100), [announce(n, 100 * n) for n in range(2, 7)]
+    assert sees_quorum(fleet(me, *((a, MemberState.MEMBER) for a in others)))
+    assert not sees_quorum(fleet(me, *((a, MemberState.LOST) for a in others)))  # cut off alone: 1 of 6
+    three_of_six = [(a, MemberState.MEMBER if i < 2 else MemberState.LOST) for i, a in enumerate(others)]
+    assert not sees_quorum(fleet(me, *three_of_six))  # a tie is no majority
+    four_of_six = [(a, MemberState.MEMBER if i < 3 else MemberState.LOST) for i, a in enumerate(others)]
+    assert sees_quorum(fleet(me, *four_of_six))
+    left = [(a, MemberState.MEMBER if i < 1 else MemberState.GONE) for i, a in enumerate(others)]
+    assert sees_quorum(fleet(me, *left))  # members that said goodbye do not count against it
+
+    fleet_plan = PlanRecord(replace(plan_of_three(), epoch=2), node(1), 4, "export-a")
+    alone = PlanRecord(replace(plan_of_three(), epoch=3), node(2), 4, "export-a", quorum=False)
+    assert supersedes(fleet_plan, alone) and not supersedes(alone, fleet_plan)
+    assert supersedes(replace(alone, plan=replace(alone.plan, epoch=4)), alone)  # among plans without one: epoch
+    assert not refuses(alone, fleet_plan, sees=True)  # the cut-off follower follows the fleet's plan
+    assert refuses(fleet_plan, alone, sees=True)  # the fleet refuses the plan a returning coordinator made alone
+    # ... unless its own side has no quorum either: then the higher epoch is followed, not refused in a loop
+    assert not refuses(fleet_plan, alone, sees=False)
+
+    assert planned_with_quorum(True, None, 0.0) and planned_with_quorum(True, fleet_plan, 0.0)
+    assert not planned_with_quorum(False, fleet_plan, 100.0)
+    assert not planned_with_quorum(True, alone, SETTLE - 0.1) and planned_with_quorum(True, alone, SETTLE)
+
+
+def test_a_plan_says_whether_it_had_a_quorum_on_the_wire_and_one_from_before_reads_as_having_one() -> None:
+    record = PlanRecord(plan_of_three(), node(1), 4, "78a29e567c0daa0c", quorum=False)
+    assert PlanRecord.from_json(record.to_json()) == record
+    older = {k: v for k, v in record.to_json().items() if k != "quorum"}
+    assert PlanRecord.from_json(older).quorum
+    with pytest.raises(RemoteProtocolError, match="malformed plan"):
+        PlanRecord.from_json({**record.to_json(), "quorum": "yes"})
+
+
+def test_a_follower_cut_off_alone_plans_for_itself_but_the_fleet_keeps_its_plan_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    # the lab soak: pc2 was cut off, planned epoch 3 alone with stage 0 uncovered and sent it back on its return;
+    # the coordinator pc1 adopted it, dropped its own stage 0 and re-planned pc4 onto it: 12 requests refused
+    clock = [100.0]
+    agents = office(tmp_path, clock)
+    pc1 = agents[0]
+    before = formed(agents)
+    holder = before.plan.node_of(0)
+    pc2 = next(a for a in agents[1:] if a.me.node in {x.node for x in before.plan.assignments} - {holder})
+
+    all_see_each_other(agents, lost=frozenset({pc2.me.node}))
+    alone = pc2.step()  # pc2 coordinates itself, its members lost
+    assert alone.coordinator == pc2.me.node and alone.plan.epoch > before.plan.epoch and not alone.quorum
+    assert alone.plan.node_of(0) != holder  # what made the coordinator drop its stage 0
+
+    all_see_each_other(agents)  # the cut is over
+    clock[0] += REPEAT
+    pc2.hears(pc1)  # pc1 offers its plan, as every REPEAT seconds
+    assert pc2.step() == before  # pc2 follows the fleet's plan again, though its own epoch is higher
+    assert not any(isinstance(m, control.PlanOffer) and m.sent_back for m in pc2.sent)  # and sends nothing back
+    pc1.service._offered(pc2.me.node, alone.to_json(), sent_back=True)  # even if it did (an agent from before)
+    kept = pc1.step()
+    assert (kept.plan.hash, kept.plan.epoch) == (before.plan.hash, before.plan.epoch)  # stage 0 stays where it is
+
+
+def test_a_coordinator_cut_off_alone_takes_the_fleets_plan_back_instead_of_its_own(tmp_path: Path) -> None:
+    # the lab soak: pc1 (the coordinator) was cut off; on its return its own epoch 4 won and moved stage 2 to pc4,
+    # which still had to compile it: 3 answers in flight failed, 11 refused
+    clock = [100.0]
+    agents = office(tmp_path, clock)
+    pc1, pc2, followers = agents[0], agents[1], agents[1:]
+    before = formed(agents)
+
+    all_see_each_other(agents, lost=frozenset({pc1.me.node}))
+    alone = pc1.step()
+    assert not alone.quorum and alone.plan.epoch == before.plan.epoch + 1
+    fleet_plan = pc2.step()  # the next-oldest coordinates the rest: pc1's stage goes to its standby
+    assert fleet_plan.quorum and fleet_plan.coordinator == pc2.me.node and fleet_plan.plan.complete
+    assert fleet_plan.plan.node_of(0) != pc1.me.node
+    for follower in followers[1:]:
+        follower.hears(pc2)
+        assert follower.step() == fleet_plan
+
+    # back, pc1 sees its members come back one by one, planning each time, its epochs past the fleet's
+    for returned in range(1, len(followers) + 1):
+        back = frozenset(f.me.node for f in followers[:returned])
+        pc1.sees({f.me: MemberState.MEMBER if f.me.node in back else MemberState.LOST for f in followers})
+        clock[0] += 0.25
+        mine = pc1.step()
+    assert mine.plan.epoch > fleet_plan.plan.epoch and not mine.quorum  # seeing a quorum, but on from its own
+    all_see_each_other(agents)
+    for follower in followers:
+        follower.hears(pc1)
+        assert follower.step() == fleet_plan  # refused: the fleet's plan, made with a quorum, outranks it
+        pc1.hears(follower, sent_back=True)
+    again = pc1.step()
+    assert again.coordinator == pc1.me.node and again.quorum
+    assert [a.node for a in again.plan.assignments] == [a.node for a in fleet_plan.plan.assignments]  # no move
+    for follower in followers:
+        follower.hears(pc1)
+        assert follower.step() == again  # one plan again, the coordinator's
+
+
+def test_a_coordinator_cut_off_for_less_than_the_fleet_noticed_takes_its_own_earlier_plan_back(
+    tmp_path: Path,
+) -> None:
+    # a 3.3 s cut: pc1's links broke, so it planned alone; the others never counted it lost and kept its plan
+    clock = [100.0]
+    agents = office(tmp_path, clock)
+    pc1, followers = agents[0], agents[1:]
+    before = formed(agents)
+    all_see_each_other(agents, lost=frozenset({pc1.me.node}))
+    pc1.step()
+    all_see_each_other(agents)
+    clock[0] += 0.25
+    assert not pc1.step().quorum
+    for follower in followers:
+        follower.hears(pc1)
+        assert follower.step() == before
+        pc1.hears(follower, sent_back=True)
+    again = pc1.step()
+    assert again.quorum and [a.node for a in again.plan.assignments] == [a.node for a in before.plan.assignments]
+
+
+def test_a_coordinator_that_hears_no_better_plan_has_a_quorum_again_after_settling(tmp_path: Path) -> None:
+    clock = [100.0]
+    agents = office(tmp_path, clock)
+    pc1 = agents[0]
+    formed(agents)
+    all_see_each_other(agents, lost=frozenset({pc1.me.node}))
+    pc1.step()
+    all_see_each_other(agents)
+    assert not pc1.step().quorum
+    clock[0] += SETTLE - 0.5
+    assert not pc1.step().quorum
+    clock[0] += 0.5
+    settled = pc1.step()
+    assert settled.quorum  # re-stamped: the next cut-off node's plan will not outrank it
+    clock[0] += REPEAT
+    pc1.step()  # offered again
+    follower = agents[1]
+    follower.hears(pc1)
+    assert follower.step() == settled
