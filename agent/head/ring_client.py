@@ -130,6 +130,11 @@ class RingClient:
         self._sessions: dict[int, RingSession] = {}
         self._readers: list[asyncio.Task[Any]] = []
         self.failure: RingError | None = None
+        self._reconnecting = asyncio.Lock()
+        """Held by the one reconnect under way: chats that find the ring lost at once reach it once, not each
+        over the other's connections (orphaned, they kept the sessions opened on them held on the stages)."""
+        self._connected = 0
+        """How many times the ring was reached: a reconnect that waited for another one sees it done."""
         self._on_local_step = on_local_step
         self.turn = HeadTurn()
         """The head's core, shared by its sessions: each step's local work is done holding it
@@ -167,6 +172,7 @@ class RingClient:
             heartbeat = Heartbeat(connection, self._liveness, self.node)
             self._readers.append(loop.create_task(self._read(connection, heartbeat)))
             self._readers.append(loop.create_task(heartbeat.run()))
+        self._connected += 1
         log.info("node=%s head %x connected: first %s, last %s", self.node, self.head_id, first.node, last.node)
 
     async def _handshake(
@@ -193,7 +199,15 @@ class RingClient:
 
     async def reconnect(self, timeout: float = 30.0) -> None:
         """Drop the connections (sessions still on them fail: their state on the stages is gone with them)
-        and reach the ring afresh, retrying with backoff until ``timeout``."""
+        and reach the ring afresh, retrying with backoff until ``timeout``. One at a time: a reconnect asked for
+        while another is under way waits for it, and is done if it reached the ring."""
+        connected = self._connected
+        async with self._reconnecting:
+            if self._connected != connected and self.failure is None and self._first is not None:
+                return
+            await self._reconnect(timeout)
+
+    async def _reconnect(self, timeout: float) -> None:
         error = self.failure or PeerUnavailableError("the head reconnects")
         for session in list(self._sessions.values()):
             session._fail(error)
@@ -211,7 +225,7 @@ class RingClient:
     async def open_session(self, params: SamplingParams, timeout: float = 30.0) -> RingSession:
         """A new conversation, reconnecting first if the ring was lost since the last one: a stage that
         died and came back (or its replacement at the same address) serves the next answer."""
-        if self.failure is not None:
+        if self.failure is not None or self._reconnecting.locked():
             await self.reconnect(timeout)
         # the local stages' infer requests are made on the compute thread, not on the event loop
         local = await asyncio.get_running_loop().run_in_executor(self._executor, new_sessions, self.local_stages)
