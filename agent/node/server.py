@@ -436,6 +436,8 @@ class StageServer:
             raise _SessionFailure("bad_request", f"session {frame.session:016x} is already open")
         if self.is_last:
             self._head_of(request)
+        if self._asker_gone(frame.session, upstream):
+            return
         if not self.table.make_room():
             log.warning(
                 "node=%s session=%016x refused: all %d sessions in use", self.node, frame.session, self.table.capacity
@@ -453,6 +455,8 @@ class StageServer:
             return
         loop = asyncio.get_running_loop()
         sessions = await loop.run_in_executor(self._executor, new_sessions, self.stages)
+        if self._asker_gone(frame.session, upstream):  # it went while they were made: its clean-up missed this one
+            return
         self.table.add(SessionState(frame.session, request, sessions, upstream))
         log.info(
             "node=%s session=%016x opened (head %x, %d/%d sessions)",
@@ -470,6 +474,20 @@ class StageServer:
             except PeerUnavailableError as exc:  # the plan moved this agent's next stage meanwhile
                 raise _SessionFailure("peer_lost", f"{self.node}: {exc}") from exc
             await self._forward(frame)
+
+    def _asker_gone(self, session: int, upstream: FrameConnection | None) -> bool:
+        """Whether the connection an OPEN came on has ended, and with it (``_accept``) the sessions it owned here:
+        then the session is not opened (logged).
+
+        Its frames may still wait in the queue behind another session's step (or be read from its buffer after a
+        re-plan aborted it): a session such an OPEN opened now would be owned by a connection whose clean-up is
+        done, and held here and on the next stages for good, as no close could come for it (issue 46)."""
+        if upstream is None or not (upstream.closed or upstream not in self._connections):
+            return False
+        log.info(
+            "node=%s session=%016x not opened: %s, which asked for it, is gone", self.node, session, upstream.label
+        )
+        return True
 
     async def _admit_step(self, work: _Work) -> _Running:
         """Check a step (its session, order, inputs and position) before it joins the steps to compute."""
