@@ -1,15 +1,20 @@
 """``python -m bench soak``: a fleet of real agents serving many requests through three kinds of client, measured.
 
-The fleet (``tests/support/soak_fleet.py``): three stage agents forming their ring from a signed fleet
-document, a warm standby, a spare, and a head serving the chat endpoint and the OpenAI API, all ``shoal agent``
-processes on loopback, SmolLM2 int4 in 3 stages. Requests (:func:`plan_requests`): random prompt lengths,
-random ``max_tokens``, greedy and sampled, a share cancelled mid-answer by closing the connection, through the
-chat endpoint (``agent.chat_client``), the OpenAI API streamed and whole (the ``openai`` client) and ``shoal
-ask``, at most ``--concurrency`` at once. Greedy requests draw their prompts from a small pool whose undisturbed
-answers are taken first (the warm-up): a greedy answer must be the reference's first tokens.
+The fleet (``tests/support/soak_fleet.py``): three stage agents forming their ring from a signed fleet document, a warm
+standby, a spare, and a head serving the chat endpoint and the OpenAI API, all ``shoal agent`` processes on loopback,
+SmolLM2 int4 in 3 stages. Requests (:func:`plan_requests`): prompts of lengths drawn from a fixed set
+(:func:`prompt_lengths`) that the warm-up sends through every stage once, random ``max_tokens``, greedy and sampled, a
+share cancelled mid-answer by closing the connection, through the chat endpoint (``agent.chat_client``), the OpenAI API
+streamed and whole (the ``openai`` client) and ``shoal ask``, at most ``--concurrency`` at once. Greedy requests draw
+their prompts from a small pool whose undisturbed answers are taken first (the warm-up): a greedy answer must be the
+reference's first tokens.
 
 Measured after the warm-up, every ``--sample`` seconds, per agent: RSS, open fds, threads, sessions held,
-sessions parked; per request: time to the first token and between tokens. ``--chaos`` injects faults while it
+sessions parked; per request: time to the first token and between tokens. The RSS drift measures memory an
+agent keeps per request (a leak), not the caches that fill once per input shape: OpenVINO compiles kernels for each
+prompt length a stage sees (about 1.3 MB each on SmolLM2), so every length sampled after the warm-up was sent in it,
+and the report says how many distinct lengths were sent and how many of them the warm-up had not (``--lengths 0``
+draws any length, and then the drift also counts those kernels). ``--chaos`` injects faults while it
 serves (``bench/chaos.py``); ``--lab`` runs each agent in its own host of a lab of network namespaces
 (root; ``tests/support/soak_lab.py``), where chaos also cuts a host off the network. Goals, each marked pass
 or fail: every request ends whole or with a clear error (none hangs past its deadline), every greedy answer is
@@ -55,13 +60,22 @@ FLAT_SLACK = 3
 
 
 @dataclass(frozen=True)
+class SoakPrompt:
+    """A prompt's text and the length it was cut to, in tokens (what decides a stage's input shapes)."""
+
+    tokens: int
+    text: str
+
+
+@dataclass(frozen=True)
 class SoakRequest:
-    """One request of the soak: its client, prompt (an index into the greedy pool, or -1), answer length,
-    sampling, and after how many tokens it is cancelled (None: read to the end)."""
+    """One request of the soak: its client, prompt (its length, and an index into the greedy pool or -1),
+    answer length, sampling, and after how many tokens it is cancelled (None: read to the end)."""
 
     index: int
     client: str
     prompt: str
+    prompt_tokens: int
     pool: int
     max_tokens: int
     temperature: float
@@ -107,6 +121,8 @@ class SoakSettings:
     cancel_share: float = 0.1
     greedy_share: float = 0.5
     pool: int = 8
+    lengths: int = 16
+    """Distinct prompt lengths, spread from 8 to ``max_prompt`` and all sent in the warm-up (0: any length)."""
     deadline: float = 300.0
     sample_every: float = 5.0
     chaos: bool = False
@@ -126,6 +142,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-answer", type=int, default=d.max_answer, help="largest max_tokens")
     parser.add_argument("--cancel-share", type=float, default=d.cancel_share, help="share cancelled mid-answer")
     parser.add_argument("--pool", type=int, default=d.pool, help="prompts of the greedy requests (references)")
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        default=d.lengths,
+        help="distinct prompt lengths, all sent in the warm-up (0: any length; the drift then counts OpenVINO's "
+        "kernels for each new length)",
+    )
     parser.add_argument("--deadline", type=float, default=d.deadline, help="seconds a request may take at most")
     parser.add_argument("--sample", type=float, default=d.sample_every, help="seconds between samples")
     parser.add_argument("--chaos", action="store_true", help="inject faults while serving (bench/chaos.py)")
@@ -152,6 +175,7 @@ def run_soak_bench(args: argparse.Namespace, cache_dir: Path) -> int:
         max_answer=args.max_answer,
         cancel_share=args.cancel_share,
         pool=args.pool,
+        lengths=args.lengths,
         deadline=args.deadline,
         sample_every=args.sample,
         chaos=args.chaos,
@@ -190,11 +214,13 @@ def soak(settings: SoakSettings, export: Path, cache_dir: Path, out: Path, lab: 
         formed_s = time.monotonic() - began
         tokenizer = ChatTokenizer(export / "tokenizer")
         rng = random.Random(settings.seed)
-        pool = [_prompt(tokenizer, rng.randint(8, settings.max_prompt)) for _ in range(settings.pool)]
-        requests = plan_requests(rng, settings, pool, lambda n: _prompt(tokenizer, n))
+        lengths = prompt_lengths(settings)
+        pool = [_soak_prompt(tokenizer, _draw_length(rng, settings, lengths)) for _ in range(settings.pool)]
+        requests = plan_requests(rng, settings, pool, lambda n: _prompt(tokenizer, n), lengths)
+        warm = [_soak_prompt(tokenizer, n) for n in warm_up_lengths(lengths, pool)]
         for module in ("openai", "psutil", "bench.chaos", "agent.chat_client.client", "agent.cli.status_link"):
             importlib.import_module(module)  # a second or more of imports, never on the soak's event loop
-        report = asyncio.run(_Soak(fleet, settings, pool, requests).run())
+        report = asyncio.run(_Soak(fleet, settings, pool, requests, warm).run())
     finally:
         fleet.stop_all()
     report.update(
@@ -214,21 +240,51 @@ def _prompt(tokenizer: Any, tokens: int) -> str:
     return "Summarize these notes in one line: " + tokenizer.decode(tokenizer.encode(words)[:tokens])
 
 
-def plan_requests(rng: random.Random, settings: SoakSettings, pool: list[str], prompt: Any) -> tuple[SoakRequest, ...]:
+def _soak_prompt(tokenizer: Any, tokens: int) -> SoakPrompt:
+    return SoakPrompt(tokens, _prompt(tokenizer, tokens))
+
+
+def prompt_lengths(settings: SoakSettings) -> tuple[int, ...]:
+    """The soak's prompt lengths, in tokens: ``settings.lengths`` of them spread evenly from 8 to
+    ``max_prompt`` (none: any length may be drawn)."""
+    if settings.lengths <= 0:
+        return ()
+    span, k = settings.max_prompt - 8, settings.lengths
+    return tuple(sorted({8 + round(span * i / max(1, k - 1)) for i in range(k)}))
+
+
+def _draw_length(rng: random.Random, settings: SoakSettings, lengths: tuple[int, ...]) -> int:
+    return rng.choice(lengths) if lengths else rng.randint(8, settings.max_prompt)
+
+
+def warm_up_lengths(lengths: tuple[int, ...], pool: list[SoakPrompt]) -> tuple[int, ...]:
+    """The lengths the warm-up sends on top of the pool's prompts, so that it has sent every one of ``lengths``."""
+    pooled = {p.tokens for p in pool}
+    return tuple(n for n in lengths if n not in pooled)
+
+
+def plan_requests(
+    rng: random.Random, settings: SoakSettings, pool: list[SoakPrompt], prompt: Any, lengths: tuple[int, ...] = ()
+) -> tuple[SoakRequest, ...]:
     """The soak's requests: clients by weight, greedy ones on the pool's prompts, sampled ones on fresh prompts
-    of random lengths, ``cancel_share`` of the streamed ones cancelled after a few tokens."""
+    of lengths drawn from ``lengths`` (none: any from 8 to ``max_prompt``), ``cancel_share`` of the streamed ones
+    cancelled after a few tokens."""
     made = []
     for index in range(settings.requests):
         client = rng.choices(CLIENTS, CLIENT_WEIGHTS)[0]
         greedy = rng.random() < settings.greedy_share
         which = rng.randrange(len(pool)) if greedy else -1
-        text = pool[which] if greedy else prompt(rng.randint(8, settings.max_prompt))
+        chosen = pool[which] if greedy else None
+        tokens = chosen.tokens if chosen is not None else _draw_length(rng, settings, lengths)
+        text = chosen.text if chosen is not None else prompt(tokens)
         max_tokens = rng.randint(1, settings.max_answer)
         cancel = None
         if client in CANCELLABLE and max_tokens > 2 and rng.random() < settings.cancel_share * CANCEL_SCALE:
             cancel = rng.randint(1, max_tokens - 1)
         made.append(
-            SoakRequest(index, client, text, which, max_tokens, 0.0 if greedy else 0.8, rng.randrange(1 << 31), cancel)
+            SoakRequest(
+                index, client, text, tokens, which, max_tokens, 0.0 if greedy else 0.8, rng.randrange(1 << 31), cancel
+            )
         )
     return tuple(made)
 
@@ -243,10 +299,17 @@ class _Reference:
 
 
 class _Soak:
-    def __init__(self, fleet: Any, settings: SoakSettings, pool: list[str], requests: tuple[SoakRequest, ...]) -> None:
+    def __init__(
+        self,
+        fleet: Any,
+        settings: SoakSettings,
+        pool: list[SoakPrompt],
+        requests: tuple[SoakRequest, ...],
+        warm: list[SoakPrompt],
+    ) -> None:
         from agent.chat_client.endpoint import ChatEndpoint
 
-        self.fleet, self.settings, self.pool, self.requests = fleet, settings, pool, requests
+        self.fleet, self.settings, self.pool, self.requests, self.warm = fleet, settings, pool, requests, warm
         self.endpoint = ChatEndpoint.load(fleet.chat_file)
         self.outcomes: list[Outcome] = []
         self.samples: list[dict[str, Any]] = []
@@ -270,11 +333,15 @@ class _Soak:
             timeout=self.settings.deadline,
         )
         warm_began = time.monotonic()
-        for prompt in self.pool:  # the warm-up: each pool prompt's undisturbed greedy answer
-            outcome = await self._chat(SoakRequest(-1, "chat", prompt, -1, self.settings.max_answer, 0.0, 0, None))
+        # the warm-up: each pool prompt's undisturbed greedy answer, then a prompt of each length the pool has not
+        # (every stage compiles its kernels for each length now, not while the drift is measured)
+        for at, prompt in enumerate([*self.pool, *self.warm]):
+            asked = SoakRequest(-1, "chat", prompt.text, prompt.tokens, -1, self.settings.max_answer, 0.0, 0, None)
+            outcome = await self._chat(asked)
             if outcome.status != "whole":
                 raise BenchError(f"the warm-up's answer failed: {outcome.detail}\n{self.fleet.log_tails()}")
-            self.references.append(_Reference(outcome.tokens, outcome.pieces))
+            if at < len(self.pool):
+                self.references.append(_Reference(outcome.tokens, outcome.pieces))
         warmup_s = time.monotonic() - warm_began
         sampler = asyncio.create_task(self._sample_forever())
         chaos = None
@@ -493,11 +560,15 @@ class _Soak:
             last[row["agent"]] = row
         left = {name: row["sessions"] + (row["parked"] or 0) + (row["running"] or 0) for name, row in last.items()}
         series = _series(self.samples)
+        warmed = {p.tokens for p in [*self.pool, *self.warm]}
+        sent = {self.requests[o.index].prompt_tokens for o in outcomes}
         report: dict[str, Any] = {
             "requests": len(outcomes),
             "unsent": self.unsent,
             "outcomes": counts,
             "warmup_s": round(warmup_s, 1),
+            # what the RSS drift measures: with no length new after the warm-up, no per-shape kernel cache fills
+            "prompt_lengths": {"warm_up": len(warmed), "sent": len(sent), "new_after_warm_up": len(sent - warmed)},
             "load_s": round(load_s, 1),
             "drained_s": round(drained_s, 1),
             "first_token_s": _quantiles(firsts),
@@ -650,6 +721,22 @@ def _unsent(report: dict[str, Any]) -> str:
     return f" ({unsent} more never sent: the {minutes:g}-minute budget ran out)" if unsent else ""
 
 
+def _lengths_note(report: dict[str, Any]) -> str:
+    """What the RSS drift measured: a stage's kernels for a prompt length it had not seen count in it."""
+    lengths = report.get("prompt_lengths")
+    if not lengths:
+        return "Prompt lengths were not counted: the RSS drift may include OpenVINO's kernels for new lengths."
+    said = (
+        f"Prompts of {lengths['sent']} distinct lengths, {lengths['warm_up']} sent in the warm-up; "
+        f"{lengths['new_after_warm_up']} new after it. "
+    )
+    if lengths["new_after_warm_up"]:
+        return (
+            said + "The RSS drift includes OpenVINO's kernels for each new length (about 1.3 MB each), not only leaks."
+        )
+    return said + "The RSS drift measures memory kept per request, not kernels compiled for new prompt lengths."
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown tables: the goals, the latencies, each agent's run, the faults."""
     s = report.get("settings", {})
@@ -658,6 +745,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"prompts up to {s.get('max_prompt')} tokens, max_tokens up to {s.get('max_answer')}"
         f"{', chaos' if s.get('chaos') else ''}); "
         f"{report.get('machine', '')}, {report.get('date', '')}; load {report['load_s']} s",
+        "",
+        _lengths_note(report),
         "",
         "| goal | figure | pass |",
         "|---|---|---|",

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from bench.chaos import KINDS, LAB_KINDS, schedule
-from bench.soak_bench import CANCELLABLE, CLIENTS, SoakSettings, plan_requests
+from bench.soak_bench import (
+    CANCELLABLE,
+    CLIENTS,
+    SoakPrompt,
+    SoakSettings,
+    plan_requests,
+    prompt_lengths,
+    warm_up_lengths,
+)
 
 
 def test_the_chaos_schedule_is_bounded_in_count_place_and_hold_and_revokes_the_one_spare_at_most_once() -> None:
@@ -31,7 +40,7 @@ def test_a_host_is_cut_off_only_in_the_lab_and_for_three_to_eight_seconds() -> N
 
 def test_the_requests_mix_clients_sampling_and_a_tenth_cancelled_mid_answer() -> None:
     settings = SoakSettings(requests=2000, max_prompt=100, max_answer=32, pool=4)
-    pool = [f"pool prompt {i}" for i in range(settings.pool)]
+    pool = [SoakPrompt(10 + i, f"pool prompt {i}") for i in range(settings.pool)]
     requests = plan_requests(random.Random(7), settings, pool, lambda n: f"fresh prompt of {n}")
     assert {r.client for r in requests} == set(CLIENTS)
     cancelled = [r for r in requests if r.cancel_after is not None]
@@ -39,6 +48,25 @@ def test_the_requests_mix_clients_sampling_and_a_tenth_cancelled_mid_answer() ->
     assert all(r.client in CANCELLABLE and 1 <= (r.cancel_after or 0) < r.max_tokens for r in cancelled)
     greedy = [r for r in requests if r.temperature == 0.0]
     assert 0.4 <= len(greedy) / len(requests) <= 0.6
-    assert all(r.prompt == pool[r.pool] for r in greedy), "a greedy request asks a prompt with a reference"
+    assert all(r.prompt == pool[r.pool].text for r in greedy), "a greedy request asks a prompt with a reference"
     assert all(r.pool == -1 and r.prompt.startswith("fresh") for r in requests if r.temperature > 0.0)
     assert all(1 <= r.max_tokens <= settings.max_answer for r in requests)
+
+
+def test_every_sampled_prompt_length_was_sent_in_the_warm_up_so_the_drift_counts_no_new_kernels() -> None:
+    settings = SoakSettings(requests=1000, max_prompt=400, pool=8, lengths=16)
+    lengths = prompt_lengths(settings)
+    assert len(lengths) == 16 and lengths[0] == 8 and lengths[-1] == 400  # spread over every size asked for
+    assert all(b - a >= 20 for a, b in itertools.pairwise(lengths))
+    pool = [SoakPrompt(n, f"pool prompt of {n}") for n in (8, 400, lengths[4])]
+    warm = warm_up_lengths(lengths, pool)
+    assert set(warm) | {p.tokens for p in pool} == set(lengths) and not {8, lengths[4], 400} & set(warm)
+    requests = plan_requests(random.Random(3), settings, pool, lambda n: f"fresh prompt of {n}", lengths)
+    assert {r.prompt_tokens for r in requests} <= set(lengths)
+    assert len({r.prompt_tokens for r in requests if r.temperature > 0.0}) == 16  # 1000 draws reach every length
+    assert all(r.prompt == f"fresh prompt of {r.prompt_tokens}" for r in requests if r.temperature > 0.0)
+    # with no fixed set (--lengths 0), the lengths are any from 8 to max_prompt: many the warm-up never sent
+    free = SoakSettings(requests=1000, max_prompt=400, lengths=0)
+    assert prompt_lengths(free) == ()
+    anywhere = {r.prompt_tokens for r in plan_requests(random.Random(3), free, pool, str, ())}
+    assert len(anywhere) > 100 and min(anywhere) >= 8 and max(anywhere) <= 400
