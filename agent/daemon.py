@@ -40,6 +40,7 @@ from agent.fleet import NodeIdentity, read_certificate
 from agent.node.config import LOOPBACK, AgentConfig
 from agent.node.donor_watch import DonorWatch
 from agent.node.facts import HostFacts, matmul_gflops, measure_host
+from agent.node.heap_trim import HeapTrim
 from agent.node.ring_former import RingFormer
 from agent.node.running import RUNNING_FILE, write_running_record
 from agent.node.server import StageServer
@@ -179,6 +180,8 @@ class Daemon:
                 sense, source = (donor_sense, lambda: None) if donor_sense is not None else _donor_sensors()
                 watch = DonorWatch(config.donor, sense, fleet.membership, former.holds_stage, source=source)
                 self.parts.append(watch)
+        # what the C heap keeps while no stage computes goes back to the PC's owner
+        self.parts.append(HeapTrim(node, lambda: self.server.packs + self.server.local_steps))
         for part in self.parts:
             self._section(part.name, part.status)
             for role, serve in part.roles.items():
