@@ -54,6 +54,9 @@ NOTES = (
 )
 WORDS = tuple(NOTES.split())
 RSS_DRIFT_GOAL = 0.05
+IDLE_S = 8.0
+"""Seconds the fleet idles after the load before a last look: an agent gives back its heap after 5 s without a step
+(``agent.node.heap_trim``)."""
 FLAT_SLACK = 3
 """Open fds and threads may move by this much between the first and the last samples and still be flat
 (a sample can land while a connection or a worker thread is briefly open)."""
@@ -313,6 +316,8 @@ class _Soak:
         self.endpoint = ChatEndpoint.load(fleet.chat_file)
         self.outcomes: list[Outcome] = []
         self.samples: list[dict[str, Any]] = []
+        self.idle: list[dict[str, Any]] = []
+        """Each agent's figures ``IDLE_S`` after the load drained: not in the samples, whose drift they would hide."""
         self.references: list[_Reference] = []
         self.began = 0.0
         self.load_over = False
@@ -365,6 +370,9 @@ class _Soak:
         drained_s = await self._drain()
         await self._sample()
         sampler.cancel()
+        # a last look after the fleet idled: each agent gives its heap back once no step came for a while
+        await asyncio.sleep(IDLE_S)
+        self.idle = await self._rows()
         await self.openai.close()
         return self._report(warmup_s, load_s, drained_s, chaos.records if chaos else [])
 
@@ -510,8 +518,13 @@ class _Soak:
             await asyncio.sleep(self.settings.sample_every)
 
     async def _sample(self) -> None:
+        self.samples += await self._rows()
+
+    async def _rows(self) -> list[dict[str, Any]]:
+        """Every running agent's figures now."""
         import psutil
 
+        rows = []
         at = time.monotonic()
         statuses = await self.fleet.statuses()
         for member in self.fleet.running():
@@ -535,7 +548,8 @@ class _Soak:
                 parked=status.get("parked"),
                 running=(status.get("chat") or {}).get("running"),
             )
-            self.samples.append(row)
+            rows.append(row)
+        return rows
 
     async def _drain(self, timeout: float = 120.0) -> float:
         """Seconds until every running agent holds no session and the head runs no chat (or ``timeout``)."""
@@ -579,6 +593,8 @@ class _Soak:
             "inexact_greedy": sum(o.exact is False for o in greedy),
             "sessions_left": left,
             "agents": series,
+            "idle_s": IDLE_S,
+            "idle_rss_mb": {row["agent"]: round(row["rss_mb"], 1) for row in self.idle},
             "errors": sorted({o.detail for o in outcomes if o.status in ("error", "unclear", "hung")})[:20],
             "mismatches": [o.summary() for o in outcomes if o.matches is False][:20],
             "by_client": {
@@ -769,6 +785,13 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {name}{role} | {a['seconds']} | {a['rss_mb'][0]} → {a['rss_mb'][1]} ({a['rss_drift']:+.1%}) | "
             f"{a['fds'][0]:g} → {a['fds'][1]:g} | {a['threads'][0]:g} → {a['threads'][1]:g} | {a['max_sessions']} |"
         )
+    idle = report.get("idle_rss_mb")
+    if idle:
+        lines += [
+            "",
+            f"RSS {report['idle_s']:g} s after the load, the fleet idle (a stage gives back its heap after 5 s without "
+            "a step): " + ", ".join(f"{name} {mb} MB" for name, mb in idle.items()),
+        ]
     if "chaos" in report:
         c = report["chaos"]
         lines += [
