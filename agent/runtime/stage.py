@@ -36,10 +36,10 @@ from shards.manifest import LOGITS_INDEX, GraphEntry, Manifest
 
 log = logging.getLogger(__name__)
 
-COMPILE_RECIPE = "r2"
+COMPILE_RECIPE = "r3"
 """What shoal does to a stage graph before compiling it, in the key of a timed precision choice: a change that
 moves what a precision costs times the candidates again. r2: hidden states narrowed
-(``agent.runtime.hidden_precision``)."""
+(``agent.runtime.hidden_precision``); r3: 5 rounds of 32 steps (were 3 of 16)."""
 
 
 def choose_device(requested: str, available: list[str]) -> str:
@@ -136,9 +136,9 @@ def decode_candidates(device: str, weights: str, config: RuntimeConfig, default_
 
 TIMED_PROMPT = 32
 """Positions in the cache before a candidate precision's decode steps are timed."""
-TIMED_STEPS = (4, 16)
+TIMED_STEPS = (8, 32)
 """Untimed one-position steps before a candidate's first timing, and timed ones per timing (``TIMING_ROUNDS``
-of them): a fraction of a second a candidate on a SmolLM2 stage."""
+of them): about half a second a candidate on a SmolLM2 stage, once per PC."""
 
 
 def decode_timer(
