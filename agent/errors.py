@@ -171,7 +171,7 @@ class SessionFailedError(RingError):
 
 
 class SessionEvictedError(SessionFailedError):
-    """The session was parked between turns and a stage gave its place to a new session."""
+    """The session was parked between turns and a stage gave its place, or its KV blocks, to other sessions."""
 
 
 class ChatProtocolError(ShoalError, ValueError):

@@ -675,6 +675,7 @@ class ChatService:
                     on_local_step=self.server.count_local_step,
                     packing=self.config.packing,
                     on_local_pack=self._count_local_pack,
+                    make_kv_room=self.server.make_kv_room,
                 )
                 await client.connect(self._ring_timeout)
                 self._client = client

@@ -36,10 +36,13 @@ class StopText:
         return text[: len(text) - keep]
 
     def rest(self) -> str:
-        """What is still held back when the answer ends (cut before a stop sequence it holds)."""
+        """What is still held back when the answer ends (cut before a stop sequence it holds: then ``stopped``)."""
         rest, self._held = self._held, ""
         found = self._first_found(rest)
-        return rest if found is None else rest[:found]
+        if found is None:
+            return rest
+        self.stopped = True  # a stop held back behind a longer one that might have begun earlier
+        return rest[:found]
 
     def _first_found(self, text: str) -> int | None:
         found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]

@@ -83,10 +83,12 @@ class LocalPacker:
         node: str = "",
         clock: Callable[[], float] = time.monotonic,
         on_pack: Callable[[int], None] | None = None,
+        make_room: Callable[[Sequence[PackedStep]], None] | None = None,
     ) -> None:
         """``policy``: the packing budget (None, or stages without paged KV: one step at a time, whole, in the order
-        they came); ``on_pack``:
-        told the steps (or prompt chunks) of each pack computed (on the event loop)."""
+        they came); ``on_pack``: told the steps (or prompt chunks) of each pack computed (on the event loop);
+        ``make_room``: asked, on the event loop, to free the KV blocks a pack's steps need (the agent's stage
+        server evicts sessions parked there: ``StageServer.make_kv_room``)."""
         self._stages = list(stages)
         self._executor = executor
         alike = stages_alike(self._stages)
@@ -102,6 +104,7 @@ class LocalPacker:
         self._node = node
         self._clock = clock
         self._on_pack = on_pack
+        self._make_room = make_room
         self._queues: dict[int, deque[_Queued]] = {}
         self._turns = Turns()
         self._worker: asyncio.Task[None] | None = None
@@ -138,6 +141,9 @@ class LocalPacker:
     async def _run(self, pack: Pack, firsts: dict[int, _Queued]) -> None:
         """Compute ``pack`` on the head's compute thread, then hand each finished step its output."""
         batch = [(firsts[piece.session], piece) for piece in pack.slices]
+        if self._make_room is not None:  # a prompt's whole rest counts, as on a stage server
+            whole = [dataclasses.replace(p, rows=firsts[p.session].ready.count - p.start) for p in pack.slices]
+            self._make_room([self._piece(firsts[p.session], p) for p in whole])
         outputs, seconds = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._run_local, [self._piece(q, piece) for q, piece in batch]
         )

@@ -30,6 +30,7 @@ from agent.head.local_packer import HEAD_PACKING, LocalOutput, LocalPacker, Loca
 from agent.head.prefill import DEFAULT_PREFILL_CHUNK, PrefillWatcher, prefill_chunks
 from agent.head.targets import ignore_unawaited_failure
 from agent.head.turn import HeadTurn
+from agent.runtime.packed import PackedStep
 from agent.runtime.packer import PackPolicy
 from agent.runtime.protocol import KVSession, Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
@@ -97,6 +98,7 @@ class RingClient:
         on_local_step: Callable[[float], None] | None = None,
         packing: PackPolicy | None = HEAD_PACKING,
         on_local_pack: Callable[[int], None] | None = None,
+        make_kv_room: Callable[[Sequence[PackedStep]], None] | None = None,
     ) -> None:
         """``liveness``: how the head's two links are watched (heartbeats; ``Liveness()`` by default);
         ``on_local_step``: told the seconds of each step computed on ``local_stages`` (on the event loop: the agent
@@ -106,7 +108,8 @@ class RingClient:
         ``agent.head.prefill``);
         ``packing``: how the steps that the head's sessions queue for ``local_stages`` meanwhile go through them
         together (``agent.head.local_packer``; None: one at a time); ``on_local_pack``: told the steps (or prompt
-        chunks) of each pack computed on them."""
+        chunks) of each pack computed on them; ``make_kv_room``: frees the KV blocks a pack's steps need on them
+        (``LocalPacker``'s ``make_room``)."""
         self.manifest = manifest
         self.first_address = first
         self.last_address = last
@@ -124,7 +127,15 @@ class RingClient:
         self.prefill_chunk = prefill_chunk
         self._wire_dtype = wire_numpy_dtype(wire_dtype, self.local_stages[-1]) if self.local_stages else np.float32
         self.head_id = secrets.randbits(32) or 1
-        self.local = LocalPacker(self.local_stages, executor, packing, self._wire_dtype, node, on_pack=on_local_pack)
+        self.local = LocalPacker(
+            self.local_stages,
+            executor,
+            packing,
+            self._wire_dtype,
+            node,
+            on_pack=on_local_pack,
+            make_room=make_kv_room,
+        )
         self._first: FrameConnection | None = None
         self._last: FrameConnection | None = None
         self._sessions: dict[int, RingSession] = {}

@@ -35,7 +35,8 @@ from agent.node.facts import resident_mb
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
-from agent.runtime.packed import PackedStep, kv_mode, packs_alike, run_packed_or_each
+from agent.runtime.kv_blocks import Holder, evictions
+from agent.runtime.packed import PackedStep, block_needs, held_blocks, kv_mode, packs_alike, run_packed_or_each
 from agent.runtime.packer import Pack, ReadyStep, Slice, Turns, Wait, plan
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
@@ -380,6 +381,7 @@ class StageServer:
             self._idle_since = None
         elif decision is not None:
             self._idle_since = None
+            self._make_kv_room(decision)
             await self._run_pack(decision)
             self._turns = self._turns.after(decision, ready)
             if not self._running and not self._pending and self._queue.empty():
@@ -662,22 +664,40 @@ class StageServer:
         log.info("node=%s session=%016x parked at %d positions", self.node, frame.session, state.logical_length)
         await self._forward_quietly(frame)
 
-    def _evicted(self, state: SessionState) -> None:
-        """The table dropped a parked session to make room: tell its head, free it on the next stages."""
+    def _make_kv_room(self, pack: Pack) -> None:
+        """Evict parked sessions whose KV blocks ``pack`` 's steps need (``make_kv_room``)."""
+        # a prompt's whole rest counts, not the chunk: a parked session is never evicted for a prompt with no room
+        whole = [dataclasses.replace(p, rows=self._running[p.session].ready.count - p.start) for p in pack.slices]
+        self.make_kv_room([self._running[p.session].piece(p) for p in whole])
+
+    def make_kv_room(self, steps: Sequence[PackedStep]) -> None:
+        """Evict the sessions parked the longest ago whose KV blocks ``steps`` (about to run on this agent's
+        stages, in order) need, for as many of the first steps as can then get them: a parked conversation never
+        turns an active one away as "fleet busy". Also asked by the head's own chats (``LocalPacker``)."""
+        parked = [s for s in self.table.sessions.values() if s.parked_at is not None]
+        if not parked:
+            return
+        needs, free = block_needs(steps)
+        holders = [Holder(s.id, s.parked_at or 0.0, held_blocks(s.stages)) for s in parked]
+        for victim in evictions(needs, free, holders):
+            state = self.table.evict(victim, "its KV blocks went to the steps of active sessions")
+            for session in state.stages if state is not None else ():
+                session.reset()  # its blocks go back to the pool now, not when the session is collected
+
+    def _evicted(self, state: SessionState, why: str) -> None:
+        """The table dropped a parked session (``why``): tell its head, free it on the next stages."""
         parked = self._clock() - (state.parked_at or self._clock())
         log.info(
-            "node=%s session=%016x evicted after %.1f s parked: its place went to a new session (%d/%d sessions)",
+            "node=%s session=%016x evicted after %.1f s parked: %s (%d/%d sessions)",
             self.node,
             state.id,
             parked,
+            why,
             len(self.table.sessions),
             self.table.capacity,
         )
-        report = ErrorReport(
-            "evicted",
-            f"{self.node} gave the place of this session, parked for {parked:.0f} s, to a new session",
-            self.node,
-        )
+        message = f"{self.node} evicted this session, parked for {parked:.0f} s: {why}"
+        report = ErrorReport("evicted", message, self.node)
 
         async def notify() -> None:
             if state.upstream is not None:
@@ -805,10 +825,7 @@ class _SessionFailure(Exception):
 
 def _run_packed(steps: Sequence[PackedStep]) -> list[np.ndarray | Exception]:
     """``run_packed_or_each``, a step with no room even alone failing its session as a busy fleet."""
-    return [
-        _SessionFailure("busy", f"fleet busy: {x}") if isinstance(x, FleetBusyError) else x
-        for x in run_packed_or_each(steps)
-    ]
+    return [_SessionFailure("busy", str(x)) if isinstance(x, FleetBusyError) else x for x in run_packed_or_each(steps)]
 
 
 def _json(data: dict[str, Any]) -> bytes:

@@ -40,8 +40,8 @@ class SessionTable:
     reclaim: Callable[[], bool] | None = None
     """Frees a place held by a session the agent keeps idle (a chat kept for its next turn); True if it did.
     Asked before anyone is refused for want of room."""
-    on_evict: Callable[[SessionState], None] | None = None
-    """Told of a parked session the table dropped to make room (its head and the next stages must hear of it)."""
+    on_evict: Callable[[SessionState, str], None] | None = None
+    """Told of a parked session the table dropped, and why (its head and the next stages must hear of it)."""
     evicted: int = 0
 
     @property
@@ -57,11 +57,20 @@ class SessionTable:
         if not parked:
             return False
         victim = min(parked, key=lambda s: s.parked_at or 0.0)
-        del self.sessions[victim.id]
+        self.evict(victim.id, "its place went to a new session")
+        return True
+
+    def evict(self, session: int, why: str) -> SessionState | None:
+        """Drop the parked session ``session`` (``on_evict`` hears of it, and ``why``); None if it is not parked
+        here. Its KV states are the caller's to free."""
+        state = self.sessions.get(session)
+        if state is None or state.parked_at is None:
+            return None
+        del self.sessions[session]
         self.evicted += 1
         if self.on_evict is not None:
-            self.on_evict(victim)
-        return True
+            self.on_evict(state, why)
+        return state
 
     def parked(self) -> int:
         """Sessions held while their heads wait for a conversation's next turn."""

@@ -6,12 +6,17 @@ session serves them all. Pure Python: the pool's arrays live with the stage, thi
 (as openvino.genai's ``BlockManager`` does for its ``KVCacheManager``).
 
 Running out of blocks is an outcome, never a crash: ``reserve`` says False and changes nothing, and the stage
-answers the session as the stage server answers a full table (``FleetBusyError``, "fleet busy").
+answers the session as the stage server answers a full table (``FleetBusyError``, "fleet busy"). Before that, a
+stage server gives the blocks of the sessions parked the longest ago to the steps that need them (``evictions``),
+as it gives their places in its session table to new sessions.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 
 class BlockTable:
@@ -83,3 +88,71 @@ class BlockAllocator:
     def free(self, table: BlockTable) -> None:
         """Give every block of ``table`` back (those reserved beyond its length too); it then holds nothing."""
         self.truncate(table, 0)
+
+
+class BlockPool(Protocol):
+    """A stage's pool of KV blocks as the sessions' scheduler sees it (``PagedKV``)."""
+
+    allocator: BlockAllocator
+
+    def available_blocks(self) -> int:
+        """Blocks free now, with those of sessions gone whose blocks go back at the pool's next step."""
+        ...
+
+
+@runtime_checkable
+class PooledSession(Protocol):
+    """A session whose KV lives in a shared pool's blocks (``PagedKVSession``)."""
+
+    table: BlockTable
+
+    @property
+    def pool(self) -> BlockPool: ...
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A parked session as eviction sees it: when it was parked, and the blocks it holds in each pool."""
+
+    session: int
+    parked_at: float
+    blocks: Mapping[Hashable, int]
+
+
+def evictions(
+    needs: Sequence[Mapping[Hashable, int]], free: Mapping[Hashable, int], parked: Sequence[Holder]
+) -> tuple[int, ...]:
+    """The parked sessions to evict so that a pack's steps get the KV blocks they need, those parked the longest
+    ago first, and no more of them than needed.
+
+    ``needs``: each step's new blocks in each pool, in the pack's order; ``free``: the blocks each pool has free.
+    As many of the first steps as can get blocks do (a step that could not, even with every parked session gone,
+    is answered "fleet busy" with the steps after it, and evicts nobody): none where every step fits already."""
+    oldest = sorted(parked, key=lambda h: (h.parked_at, h.session))
+    for count in range(len(needs), 0, -1):
+        short = _added(needs[:count])
+        for pool, blocks in free.items():
+            short[pool] = short.get(pool, 0) - blocks
+        if not _covers(_added([h.blocks for h in oldest]), short):
+            continue
+        victims: list[int] = []
+        gained: dict[Hashable, int] = {}
+        for holder in oldest:
+            if _covers(gained, short):
+                break
+            victims.append(holder.session)
+            gained = _added([gained, holder.blocks])
+        return tuple(victims)
+    return ()
+
+
+def _added(counts: Sequence[Mapping[Hashable, int]]) -> dict[Hashable, int]:
+    total: dict[Hashable, int] = {}
+    for count in counts:
+        for pool, blocks in count.items():
+            total[pool] = total.get(pool, 0) + blocks
+    return total
+
+
+def _covers(gained: Mapping[Hashable, int], short: Mapping[Hashable, int]) -> bool:
+    return all(gained.get(pool, 0) >= missing for pool, missing in short.items())

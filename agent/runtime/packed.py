@@ -11,13 +11,14 @@ those it would get alone wherever ``packs_alike`` says so (issue 45).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from agent.errors import FleetBusyError
+from agent.runtime.kv_blocks import PooledSession
 from agent.runtime.paged_kv import PagedKV, PagedKVSession, PagedRow
 from agent.runtime.protocol import KVSession, Stage
 
@@ -117,6 +118,33 @@ def _reserve(steps: Sequence[PackedStep]) -> None:
         for kv, rows in reserved:
             kv.unreserve(rows)
         raise
+
+
+def block_needs(steps: Sequence[PackedStep]) -> tuple[list[dict[Hashable, int]], dict[Hashable, int]]:
+    """What ``steps`` ask of the KV block pools of their stages: each step's new blocks in each pool (after its
+    rewind), and the blocks each pool has free (with those the rewinds give back). Stages whose sessions keep KV of
+    their own are not counted."""
+    needs: list[dict[Hashable, int]] = []
+    free: dict[Hashable, int] = {}
+    for step in steps:
+        need: dict[Hashable, int] = {}
+        for session in step.sessions:
+            if not isinstance(session, PooledSession):
+                continue
+            pool, table = session.pool, session.table
+            if id(pool) not in free:
+                free[id(pool)] = pool.available_blocks()
+            allocator = pool.allocator
+            kept = min(len(table.blocks), allocator.blocks_for(step.position))
+            free[id(pool)] += len(table.blocks) - kept
+            need[id(pool)] = allocator.blocks_for(step.position + step.inputs.shape[1]) - kept
+        needs.append(need)
+    return needs, free
+
+
+def held_blocks(sessions: Sequence[KVSession]) -> dict[Hashable, int]:
+    """The KV blocks ``sessions`` (one conversation's, on a node's stages) hold in each pool."""
+    return {id(s.pool): len(s.table.blocks) for s in sessions if isinstance(s, PooledSession)}
 
 
 def run_packed_or_each(steps: Sequence[PackedStep]) -> list[np.ndarray | FleetBusyError]:

@@ -79,6 +79,11 @@ class PagedKV:
     def block_size(self) -> int:
         return self.compiled.block_size
 
+    def available_blocks(self) -> int:
+        """Blocks free now, with those of sessions collected (they go back to the pool at the next run)."""
+        with self._lock:
+            return self.allocator.free_blocks + sum(len(table.blocks) for table in self._released)
+
     def new_session(self) -> PagedKVSession:
         """A session holding no blocks yet; its blocks return to the pool when it is reset or collected."""
         session = PagedKVSession(self)
@@ -253,6 +258,11 @@ class PagedKVSession:
         self.holds_head = kv.compiled.output.get_any_name() == "logits"
         self.kv_cut_seconds = 0.0
         """Always 0: a rewind copies nothing."""
+
+    @property
+    def pool(self) -> PagedKV:
+        """The stage's pool its blocks are lent from (``agent.runtime.kv_blocks.PooledSession``)."""
+        return self.kv
 
     @property
     def logical_length(self) -> int:

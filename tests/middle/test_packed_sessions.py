@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from agent.chat_client.protocol import ChatEvent, ChatRequest
-from agent.errors import SessionEvictedError, SessionFailedError
+from agent.errors import FleetBusyError, SessionEvictedError, SessionFailedError
 from agent.head.drafters import NGramDrafter
 from agent.head.resumable import ResumableTarget
 from agent.head.ring_client import RingSession
@@ -162,6 +162,74 @@ def test_a_session_evicted_while_others_are_packed_leaves_their_tokens_unchanged
             with pytest.raises(SessionEvictedError):
                 await kept.step([5], 0, last_only=True)
             await close_all(ring, (kept, chunked, newcomer))
+        finally:
+            await client.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_a_stage_short_of_kv_blocks_evicts_the_session_parked_longest_ago() -> None:
+    """Each stage's pool holds 10 blocks of 4 positions. Two sessions parked (10 and 7 positions: 3 and 2 blocks)
+    leave 5 free; two active sessions' answers, packed together, need 8 (15 positions each). The session parked
+    first gives its blocks up (its head hears ``evicted``), the one parked later keeps its place, and the answers
+    are the whole model's."""
+
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=BUDGET, kv_blocks=10)
+        client = ring.client()
+        await client.connect()
+        try:
+            prompts = ([1, 3, 40, 41, 2, 4], [1, 3, 60, 61, 2, 4])
+            expected = [await reference(ring, p, 10) for p in prompts]
+            older, newer = await client.open_session(GREEDY), await client.open_session(GREEDY)
+            await older.step(PROMPTS[0], 0, last_only=True)
+            await older.park()
+            await newer.step(PROMPTS[3], 0, last_only=True)
+            await newer.park()
+            await ring.until(lambda: [server.table.parked() for server in ring.servers] == [2, 2, 2])
+            active = [await client.open_session(GREEDY) for _ in prompts]
+            first = ring.servers[0]
+            async with held(first):
+                answers = [asyncio.ensure_future(answer(s, p, 10)) for s, p in zip(active, prompts, strict=True)]
+                await queued(first, steps_of=[s.id for s in active])
+            assert list(await asyncio.gather(*answers)) == expected
+            assert first.table.evicted == 1 and first.packs < first.packed_steps
+            await ring.until(lambda: ring.held() == [3, 3, 3])
+            with pytest.raises(SessionEvictedError, match="its KV blocks went to the steps of active sessions"):
+                await older.step([5], len(PROMPTS[0]), last_only=True)
+            assert (await newer.step([5], len(PROMPTS[3]), last_only=True)) is not None, "the newer one was kept"
+            await close_all(ring, (newer, *active))
+        finally:
+            await client.close()
+            await ring.stop()
+
+    run(main)
+
+
+def test_a_prompt_that_no_eviction_could_seat_is_busy_and_evicts_nobody() -> None:
+    """A prompt of 44 positions needs 11 blocks of a pool of 8: it is answered "fleet busy" and the parked session
+    keeps its blocks (evicting it would not have made room), and goes on afterwards. The stages cut every prompt
+    at the budget (their numbers depend on the cuts), so the prompt runs out of room in the middle of its chunks."""
+
+    async def main() -> None:
+        ring = await ToyRing.start(max_sessions=8, pack_budget=BUDGET, kv_blocks=8)
+        for stage in ring.stages:
+            stage.rounds_prompts_by_step = True
+        client = ring.client()
+        await client.connect()
+        try:
+            parked = await client.open_session(GREEDY)
+            await parked.step(PROMPTS[0], 0, last_only=True)
+            await parked.park()
+            await ring.until(lambda: [server.table.parked() for server in ring.servers] == [1, 1, 1])
+            greedy = await client.open_session(GREEDY)
+            with pytest.raises(FleetBusyError, match="fleet busy"):
+                await answer(greedy, LONG)
+            assert [server.table.evicted for server in ring.servers] == [0, 0, 0]
+            assert extra_chunks(ring.servers[0]) >= 4, "the prompt was not cut into chunks"
+            assert (await parked.step([5], len(PROMPTS[0]), last_only=True)) is not None
+            await close_all(ring, (parked,))
         finally:
             await client.close()
             await ring.stop()

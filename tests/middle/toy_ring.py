@@ -26,7 +26,7 @@ from agent.sampling.params import SamplingParams
 from agent.transport.heartbeat import Liveness
 from shards.manifest import Manifest
 from tests.support.memory_network import MemoryHost, MemoryNetwork
-from tests.support.toy_model import ToyStage, ToyTokenizer, ToyWeights, toy_manifest, whole_model
+from tests.support.toy_model import ToyPool, ToyStage, ToyTokenizer, ToyWeights, toy_manifest, whole_model
 
 GREEDY = SamplingParams()
 NOWHERE = Path("/nonexistent/toy-export")
@@ -47,6 +47,8 @@ class ToyRing:
     max_sessions: int = 4
     liveness: Liveness = field(default_factory=Liveness)
     """Heartbeats of every link (tests of a frozen agent make them fast)."""
+    kv_blocks: int | None = None
+    """Each stage's sessions take KV blocks of 4 positions from a pool of this many (``ToyPool``; None: no limit)."""
     servers: list[StageServer] = field(default_factory=list)
     stages: list[ToyStage] = field(default_factory=list)
     chat_stages: list[ToyStage] = field(default_factory=list)
@@ -54,12 +56,17 @@ class ToyRing:
 
     @classmethod
     async def start(
-        cls, stages: int = 3, max_sessions: int = 4, liveness: Liveness | None = None, **changes: object
+        cls,
+        stages: int = 3,
+        max_sessions: int = 4,
+        liveness: Liveness | None = None,
+        kv_blocks: int | None = None,
+        **changes: object,
     ) -> ToyRing:
         """``changes``: to every agent's configuration (``pack_budget=4``, say)."""
         manifest = toy_manifest(stages)
         weights = ToyWeights.make(manifest.arch.num_layers)
-        ring = cls(manifest, weights, max_sessions=max_sessions, liveness=liveness or Liveness())
+        ring = cls(manifest, weights, max_sessions=max_sessions, liveness=liveness or Liveness(), kv_blocks=kv_blocks)
         for index in range(stages):
             ring.servers.append(await ring._serve(index, **changes))
         return ring
@@ -81,7 +88,8 @@ class ToyRing:
         return replace(config, **changes)  # type: ignore[arg-type]
 
     async def _serve(self, index: int, **changes: object) -> StageServer:
-        stage = ToyStage(self.manifest.stages[index], self.weights)
+        pool = ToyPool(self.kv_blocks) if self.kv_blocks is not None else None
+        stage = ToyStage(self.manifest.stages[index], self.weights, pool=pool)
         network = self.network.host(stage_address(index)[0])
         server = StageServer(self.config(index, **changes), self.manifest, [stage], f"toy{index}", network)
         await server.start()

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from agent.errors import RuntimeStageError
+from agent.errors import FleetBusyError, RuntimeStageError
+from agent.runtime.kv_blocks import BlockAllocator, BlockTable
 from agent.runtime.repeatable import ALIKE_MIN_PROMPT
 from shards.architecture import ArchSpec
 from shards.manifest import FileEntry, GraphEntry, Manifest, SourceInfo
@@ -130,6 +132,8 @@ class ToyStage:
     """Says it packs (``agent.runtime.packed.PackingStage``), so that a stage server's packing path runs on toy
     stages; their sessions' steps are computed one by one, which leaves each session's numbers as alone."""
     packs_alike: bool = True
+    pool: ToyPool | None = None
+    """Where its sessions' positions take KV blocks (None: anywhere, without limit)."""
     sessions_made: int = 0
     positions_computed: int = 0
     """Positions run through this stage, all sessions told (a resumed turn computes only its new part)."""
@@ -156,7 +160,17 @@ class ToyStage:
 
     def new_session(self) -> ToySession:
         self.sessions_made += 1
-        return ToySession(self)
+        return ToySession(self) if self.pool is None else PooledToySession(self, self.pool)
+
+
+class ToyPool:
+    """A toy stage's pool of KV blocks: the bookkeeping of a paged stage's pool (``PagedKV``) without its arrays."""
+
+    def __init__(self, blocks: int, block_size: int = 4) -> None:
+        self.allocator = BlockAllocator(blocks, block_size)
+
+    def available_blocks(self) -> int:
+        return self.allocator.free_blocks
 
 
 class ToySession:
@@ -220,6 +234,36 @@ class ToySession:
         for cache in self._cache:
             cache.clear()
         self._logical = 0
+
+
+class PooledToySession(ToySession):
+    """A toy session whose positions take blocks of its stage's pool (``agent.runtime.kv_blocks.PooledSession``): a
+    step without room raises ``FleetBusyError``, as a paged stage's does."""
+
+    def __init__(self, stage: ToyStage, pool: ToyPool) -> None:
+        super().__init__(stage)
+        self._pool = pool
+        self.table = BlockTable()
+        weakref.finalize(self, pool.allocator.free, self.table)
+
+    @property
+    def pool(self) -> ToyPool:
+        return self._pool
+
+    def step(self, inputs: np.ndarray, positions: np.ndarray | None = None, last_only: bool = False) -> np.ndarray:
+        if not self._pool.allocator.reserve(self.table, self.logical_length + inputs.shape[1]):
+            raise FleetBusyError(f"fleet busy: {self._pool.allocator.free_blocks} free toy KV blocks")
+        out = super().step(inputs, positions, last_only)
+        self.table.length = self.logical_length
+        return out
+
+    def rewind(self, n: int) -> None:
+        super().rewind(n)
+        self._pool.allocator.truncate(self.table, self.logical_length)
+
+    def reset(self) -> None:
+        super().reset()
+        self._pool.allocator.free(self.table)
 
 
 def toy_stages(manifest: Manifest, weights: ToyWeights | None = None) -> list[ToyStage]:

@@ -135,7 +135,7 @@ def test_a_full_table_evicts_the_session_parked_longest_ago_and_never_an_active_
     from agent.wire.messages import SessionOpen
 
     evicted: list[int] = []
-    table = SessionTable(3, on_evict=lambda state: evicted.append(state.id))
+    table = SessionTable(3, on_evict=lambda state, why: evicted.append(state.id))
 
     def add(session: int, parked_at: float | None = None) -> None:
         table.add(SessionState(session, SessionOpen(head_id=1), [], None, parked_at=parked_at))

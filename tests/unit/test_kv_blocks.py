@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from agent.runtime.kv_blocks import BlockAllocator, BlockTable
+from agent.runtime.kv_blocks import BlockAllocator, BlockTable, Holder, evictions
 
 
 def test_a_table_grows_block_by_block_and_shrinks_back() -> None:
@@ -99,3 +99,74 @@ def test_random_sessions_never_share_a_block_nor_lose_one() -> None:
         assert len(held) == len(set(held)) and len(held) + pool.free_blocks == pool.blocks
         assert all(len(t.blocks) == pool.blocks_for(t.length) for t in tables)
     assert refused, "the pool never filled: the test asked too little of it"
+
+
+# -- eviction under pressure: which parked sessions give their blocks to a pack's steps -----------------------------
+
+
+def _parked(session: int, at: float, **blocks: int) -> Holder:
+    return Holder(session, at, blocks)
+
+
+def test_a_pack_that_fits_evicts_nobody() -> None:
+    parked = [_parked(1, 0.0, a=4)]
+    assert evictions([{"a": 2}, {"a": 1}], {"a": 3}, parked) == ()
+    assert evictions([], {"a": 0}, parked) == ()
+
+
+def test_the_sessions_parked_longest_ago_go_first_and_no_more_than_needed() -> None:
+    parked = [_parked(1, 5.0, a=2), _parked(2, 1.0, a=1), _parked(3, 3.0, a=2), _parked(4, 9.0, a=8)]
+    assert evictions([{"a": 3}], {"a": 1}, parked) == (2, 3), "2 short: the one parked at 1 s, then at 3 s"
+    assert evictions([{"a": 2}], {"a": 1}, parked) == (2,)
+    assert evictions([{"a": 14}], {"a": 1}, parked) == (2, 3, 1, 4)
+
+
+def test_a_step_no_eviction_could_seat_evicts_nobody_for_it() -> None:
+    parked = [_parked(1, 0.0, a=2), _parked(2, 1.0, a=2)]
+    assert evictions([{"a": 9}], {"a": 1}, parked) == (), "4 blocks parked, 8 missing: nobody is evicted in vain"
+    # the first two steps can be seated, the third not: blocks for the first two only
+    assert evictions([{"a": 2}, {"a": 1}, {"a": 9}], {"a": 1}, parked) == (1,)
+    assert evictions([{"a": 2}, {"a": 3}, {"a": 9}], {"a": 1}, parked) == (1, 2)
+
+
+def test_every_pool_of_a_node_must_have_room() -> None:
+    """A node holding two stages has two pools: a victim's blocks count in the pool they are in."""
+    parked = [_parked(1, 0.0, a=3), _parked(2, 1.0, b=1), _parked(3, 2.0, a=1, b=2)]
+    assert evictions([{"a": 1, "b": 2}], {"a": 0, "b": 0}, parked) == (1, 2, 3)
+    assert evictions([{"a": 1, "b": 0}], {"a": 0, "b": 0}, parked) == (1,)
+    assert evictions([{"b": 2}], {"a": 0, "b": 1}, parked) == (1, 2), "the oldest goes first even if it frees only a"
+
+
+def test_pools_a_step_does_not_use_are_not_its_concern() -> None:
+    parked = [_parked(1, 0.0, b=5)]
+    assert evictions([{"a": 1}], {"a": 0}, parked) == ()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_packs_get_the_longest_prefix_that_can_be_seated(seed: int) -> None:
+    """Against a brute force: the victims are the oldest few, and seat the longest prefix of steps possible."""
+    rng = random.Random(seed)
+    parked = [_parked(i, rng.random(), a=rng.randint(0, 4), b=rng.randint(0, 3)) for i in range(rng.randint(0, 6))]
+    needs = [{"a": rng.randint(0, 4), "b": rng.randint(0, 2)} for _ in range(rng.randint(1, 5))]
+    free = {"a": rng.randint(0, 3), "b": rng.randint(0, 3)}
+    victims = evictions(needs, free, parked)
+    oldest = [h.session for h in sorted(parked, key=lambda h: (h.parked_at, h.session))]
+    assert list(victims) == oldest[: len(victims)]
+    by_id = {h.session: h for h in parked}
+
+    def seated(evicted: list[int]) -> int:
+        room = {p: free[p] + sum(by_id[v].blocks[p] for v in evicted) for p in free}
+        count = 0
+        for need in needs:
+            if any(need[p] > room[p] for p in room):
+                break
+            room = {p: room[p] - need[p] for p in room}
+            count += 1
+        return count
+
+    best = seated(oldest)
+    if seated([]) == len(needs) or best == 0:
+        assert victims == ()
+    else:
+        assert seated(list(victims)) == best
+        assert len(victims) == min(k for k in range(len(oldest) + 1) if seated(oldest[:k]) == best)

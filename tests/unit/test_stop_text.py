@@ -14,7 +14,9 @@ from agent.chat.stop_text import StopText
 def _shown(pieces: list[str], stops: list[str]) -> tuple[str, bool]:
     filter_ = StopText(stops)
     shown = "".join(filter_.push(piece) for piece in pieces)
-    return (shown if filter_.stopped else shown + filter_.rest()), filter_.stopped
+    if not filter_.stopped:
+        shown += filter_.rest()
+    return shown, filter_.stopped
 
 
 def _reference(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -27,6 +29,8 @@ def test_a_stop_sequence_across_pieces_is_cut_with_what_follows() -> None:
     assert _shown(["one ##", "# two"], ["###"]) == ("one ", True)
     assert _shown(["a<", "/", "b>c"], ["</b>"]) == ("a", True)
     assert _shown(["a<", "x"], ["</b>"]) == ("a<x", False)
+    # "a" is held behind ".aa", which began earlier, until the answer ends: then it is found, and ends the answer
+    assert _shown([".a"], ["a", ".aa"]) == (".", True)
 
 
 def test_text_that_might_begin_a_stop_is_held_back_then_released() -> None:
