@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.errors import ConfigError
 from agent.fleet import NodeIdentity, read_certificate
-from agent.node.config import LOOPBACK, AgentConfig
+from agent.node.config import LOOPBACK, AgentConfig, stage_runtime
 from agent.node.donor_watch import DonorWatch
-from agent.node.facts import HostFacts, matmul_gflops, measure_host
+from agent.node.facts import HostFacts, matmul_gflops, measure_host, offerable_mb
 from agent.node.heap_trim import HeapTrim
 from agent.node.ring_former import RingFormer
 from agent.node.running import RUNNING_FILE, write_running_record
@@ -338,8 +338,10 @@ async def _load_stages(config: AgentConfig) -> tuple[Manifest, list[Stage]]:
     graphs = [manifest.stages[i] for i in config.stages]
     if config.verify:
         await loop.run_in_executor(None, lambda: manifest.verify(export_dir, graphs=graphs, progress=False))
+    offer = config.offer_mb if config.offer_mb is not None else offerable_mb()
+    runtime = stage_runtime(config, manifest, config.stages, offer)
     stages: list[Stage] = await loop.run_in_executor(
-        None, lambda: [CompiledStage(export_dir, g, manifest.weights, config.runtime) for g in graphs]
+        None, lambda: [CompiledStage(export_dir, g, manifest.weights, runtime) for g in graphs]
     )
     return manifest, stages
 

@@ -170,6 +170,24 @@ def stage_needs(manifest: Manifest) -> tuple[StageNeed, ...]:
     return tuple(needs)
 
 
+def kv_pool_positions(manifest: Manifest, indices: Sequence[int], offer_mb: int, sessions: int) -> int:
+    """The positions each of stages ``indices`` of ``manifest`` keeps in its paged KV pool on a member offering
+    ``offer_mb`` MiB and holding at most ``sessions`` sessions: what the offer leaves once the stages' files, their
+    :data:`WORKING_SHARE` and :data:`RUNTIME_MB` are counted, in positions of every one of those stages' KV, up to
+    ``sessions`` sessions at the export's context (a pool larger than its sessions can fill would only reserve
+    memory: Windows commits it); never fewer than :data:`KV_SESSIONS` sessions (what placing the stages there
+    counted on)."""
+    stages = [manifest.stages[i] for i in indices]
+    files = sum(f.size for stage in stages for f in stage.files)
+    per_position = sum(stage.kv_bytes_per_token for stage in stages)
+    least = KV_SESSIONS * manifest.context_tokens
+    most = max(least, sessions * manifest.context_tokens)
+    if per_position <= 0:
+        return most
+    room = (offer_mb - RUNTIME_MB) * (1 << 20) - files * (1 + WORKING_SHARE)
+    return max(least, min(most, int(room // per_position)))
+
+
 def candidates(membership: Membership) -> tuple[Candidate, ...]:
     """Every peer this agent knows, and itself (state :data:`ME`), as candidates, by node id."""
     me = membership.me

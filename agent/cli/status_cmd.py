@@ -67,7 +67,7 @@ def status_lines(address: str, status: dict[str, Any]) -> list[str]:
         f"agent {status.get('node')} at {address}, up {status.get('uptime_s')} s: {serving}",
         f"  sessions {len(status.get('sessions') or [])} of {status.get('max_sessions')} "
         f"(parked {status.get('parked')}, evicted {status.get('evicted')}), steps served {status.get('steps_served')}"
-        f"{_packs(status.get('packs'), status.get('packed_steps'))}",
+        f"{_packs(status.get('packs'), status.get('packed_steps'))}{_kv_pools(status.get('kv_blocks'))}",
     ]
     members = status.get("members")
     if isinstance(members, dict):
@@ -114,6 +114,12 @@ def _packs(packs: Any, steps: Any, where: str = "") -> str:
     if not packs:
         return ""
     return f", {steps} steps in {packs} packs{where} ({steps / packs:.2f} a pack)"
+
+
+def _kv_pools(pools: Any) -> str:
+    """The KV block pools of the stages that keep their sessions' KV paged: blocks in use of all."""
+    held = [f"{used}/{total}" for used, total in (p for p in pools or () if p)]
+    return f", KV blocks in use {', '.join(held)}" if held else ""
 
 
 def _bytes_done(done: int, total: int) -> str:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ from agent.runtime.packer import DEFAULT_BUDGET, PackPolicy
 from agent.runtime.repeatable import ALIKE_MIN_PROMPT
 from agent.transport.heartbeat import Liveness
 from agent.wire.codec import DEFAULT_MAX_PAYLOAD
+from discovery.placement import kv_pool_positions
+from shards.manifest import Manifest
 
 WIRE_DTYPES = ("auto", "f32", "f16")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -352,3 +354,14 @@ def load_agent_config(
         **{k: _RUNTIME_SETTINGS[k](k, values.pop(k)) for k in list(values) if k in _RUNTIME_SETTINGS}
     )
     return AgentConfig(runtime=runtime, **{k: _SETTINGS[k](k, v) for k, v in values.items()})
+
+
+def stage_runtime(config: AgentConfig, manifest: Manifest, indices: Sequence[int], offer_mb: int) -> RuntimeConfig:
+    """The runtime settings this agent compiles stages ``indices`` of ``manifest`` with: where no ``kv_positions``
+    was set, a paged KV pool sized from the ``offer_mb`` MiB this PC offers and its ``max_sessions``
+    (``discovery.placement.kv_pool_positions``)."""
+    runtime = config.runtime
+    if runtime.kv_positions is not None or not indices:
+        return runtime
+    positions = kv_pool_positions(manifest, indices, offer_mb, config.max_sessions)
+    return replace(runtime, kv_positions=positions)

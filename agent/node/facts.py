@@ -33,9 +33,13 @@ def measure_host(speed: bool = True) -> HostFacts:
     import openvino as ov
 
     devices = tuple(sorted(d.split(".")[0] for d in ov.Core().available_devices))
-    available = psutil.virtual_memory().available
     gflops = round(matmul_gflops(), 1) if speed else 0.0
-    return HostFacts(devices, int(available * (1 - MEMORY_RESERVE)) // (1 << 20), gflops)
+    return HostFacts(devices, offerable_mb(), gflops)
+
+
+def offerable_mb() -> int:
+    """MiB a shard may take on this PC now: the memory available, less :data:`MEMORY_RESERVE` for its user."""
+    return int(psutil.virtual_memory().available * (1 - MEMORY_RESERVE)) // (1 << 20)
 
 
 def resident_mb() -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.errors import ShoalError
-from agent.node.config import AgentConfig
+from agent.node.config import AgentConfig, stage_runtime
 from agent.node.server import StageServer
 from agent.node.shard_source import ShardSource
 from agent.runtime.protocol import Stage
@@ -283,7 +283,8 @@ class RingFormer:
     def _compile_stage(self, folder: Path, manifest: Manifest, index: int) -> Stage:
         from agent.runtime.stage import CompiledStage
 
-        return CompiledStage(folder, manifest.stages[index], manifest.weights, self.config.runtime)
+        runtime = stage_runtime(self.config, manifest, [index], self.membership.me.memory_mb)
+        return CompiledStage(folder, manifest.stages[index], manifest.weights, runtime)
 
     def _next_address(self, plan: Plan, stage: int) -> tuple[str, int] | None:
         if stage == len(plan.assignments) - 1:

@@ -36,7 +36,15 @@ from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
 from agent.runtime.kv_blocks import Holder, evictions
-from agent.runtime.packed import PackedStep, block_needs, held_blocks, kv_mode, packs_alike, run_packed_or_each
+from agent.runtime.packed import (
+    PackedStep,
+    block_needs,
+    held_blocks,
+    kv_blocks,
+    kv_mode,
+    packs_alike,
+    run_packed_or_each,
+)
 from agent.runtime.packer import Pack, ReadyStep, Slice, Turns, Wait, plan
 from agent.runtime.protocol import Stage, new_sessions, wire_numpy_dtype
 from agent.runtime.repeatable import stages_alike, stages_exact, step_is_repeatable, step_is_settled
@@ -795,6 +803,9 @@ class StageServer:
             "exact_speculation": self.exact if self.serves else None,
             # what each stage decodes in (``auto``: f32 activations quantized on the fly; chosen by timing on this PC)
             "precision": [stage.decode_precision for stage in self.stages] if self.serves else None,
+            # where each stage keeps its sessions' KV (``paged``: one shared pool, whose steps it packs)
+            "kv": [kv_mode(stage) for stage in self.stages],
+            "kv_blocks": [kv_blocks(stage) for stage in self.stages],
             "sessions": [f"{s:016x}" for s in self.table.sessions],
             "parked": self.table.parked(),
             "evicted": self.table.evicted,

@@ -15,6 +15,8 @@ PRECISIONS = ("auto", "f32", "bf16", "f16")
 REWINDS = ("auto", "mask", "compact")
 PREFILL_ATTENTIONS = ("paged", "sdpa")
 KV_MODES = ("state", "paged")
+DEFAULT_KV_POSITIONS = 65536
+"""The positions of a paged stage's KV pool where nothing sized it from the memory a PC offers."""
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,11 @@ class RuntimeConfig:
     (``agent.runtime.paged_kv``), so that a stage server packs several sessions' steps into one inference
     (``agent.runtime.packed``); other devices keep ``state``. What packing keeps of exactness is measured in
     ``agent.runtime.paged_kv.paged_packs_alike``."""
-    kv_positions: int = 65536
+    kv_positions: int | None = None
     """``kv = "paged"``: the positions a stage's block pool holds for all its sessions together (the pool's memory
-    is taken only as blocks are first used); a step that finds no free blocks is answered "fleet busy"."""
+    is taken only as blocks are first used); when a step finds no free blocks, sessions parked the longest ago give
+    theirs up, else it is answered "fleet busy". None: an agent sizes it from the memory its PC offers
+    (``agent.node.config.stage_runtime``); elsewhere ``DEFAULT_KV_POSITIONS``."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -83,7 +87,7 @@ class RuntimeConfig:
             )
         if self.kv not in KV_MODES:
             raise RuntimeStageError(f"kv must be one of {', '.join(KV_MODES)}, not {self.kv!r}")
-        if self.kv_positions < 1:
+        if self.kv_positions is not None and self.kv_positions < 1:
             raise RuntimeStageError(f"kv positions must be at least 1, not {self.kv_positions}")
         if self.rewind not in REWINDS:
             raise RuntimeStageError(f"rewind must be one of {', '.join(REWINDS)}, not {self.rewind!r}")

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from agent.errors import FleetBusyError
-from agent.runtime.kv_blocks import PooledSession
+from agent.runtime.kv_blocks import BlockPool, PooledSession
 from agent.runtime.paged_kv import PagedKV, PagedKVSession, PagedRow
 from agent.runtime.protocol import KVSession, Stage
 
@@ -48,10 +48,21 @@ class PackingStage(Protocol):
     packs_alike: bool
     """Whether a session's numbers are those it gets alone, whatever is packed beside it."""
 
+    @property
+    def kv_pool(self) -> BlockPool | None:
+        """Its sessions' shared pool of KV blocks (None: they keep KV of their own)."""
+        ...
+
 
 def kv_mode(stage: Stage) -> str:
     """Where ``stage``'s sessions keep their KV (``RuntimeConfig.kv``): ``state`` for stages that do not say."""
     return stage.kv if isinstance(stage, PackingStage) else "state"
+
+
+def kv_blocks(stage: Stage) -> tuple[int, int] | None:
+    """The blocks of ``stage`` 's KV pool in use and all told (None: its sessions keep KV of their own)."""
+    pool = stage.kv_pool if isinstance(stage, PackingStage) else None
+    return None if pool is None else (pool.allocator.blocks - pool.available_blocks(), pool.allocator.blocks)
 
 
 def packs_alike(stages: Sequence[Stage]) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 import openvino as ov
 
 from agent.errors import RuntimeStageError
-from agent.runtime.config import KNOWN_DEVICES, RuntimeConfig
+from agent.runtime.config import DEFAULT_KV_POSITIONS, KNOWN_DEVICES, RuntimeConfig
 from agent.runtime.hidden_precision import narrow_output, narrows_hidden_states
 from agent.runtime.paged_kv import (
     PagedKV,
@@ -366,7 +366,7 @@ class CompiledStage:
         except RuntimeStageError as exc:
             log.warning("%s: sessions keep their KV in state, not paged: %s", self.graph.name, exc)
             return None
-        blocks = pool_blocks(config.kv_positions, compiled.block_size)
+        blocks = pool_blocks(config.kv_positions or DEFAULT_KV_POSITIONS, compiled.block_size)
         log.info(
             "%s: paged KV compiled in %.1f s, a pool of %d blocks of %d positions",
             self.graph.name,
@@ -405,6 +405,11 @@ class CompiledStage:
                 except RuntimeStageError as exc:
                     log.warning("%s: long steps stay on the decode compilation: %s", self.graph.name, exc)
             return self._paged_prefill
+
+    @property
+    def kv_pool(self) -> PagedKV | None:
+        """Its sessions' shared KV block pool (``agent.runtime.packed.PackingStage``); None: each keeps its own."""
+        return self.paged_kv
 
     @property
     def alike(self) -> str:

@@ -198,8 +198,11 @@ def test_a_stage_short_of_kv_blocks_evicts_the_session_parked_longest_ago() -> N
             await ring.until(lambda: ring.held() == [3, 3, 3])
             with pytest.raises(SessionEvictedError, match="its KV blocks went to the steps of active sessions"):
                 await older.step([5], len(PROMPTS[0]), last_only=True)
+            assert first.status()["kv_blocks"] == [(10, 10)], "the newer one's 2 blocks and the two answers' 4 each"
             assert (await newer.step([5], len(PROMPTS[3]), last_only=True)) is not None, "the newer one was kept"
             await close_all(ring, (newer, *active))
+            assert [s.status()["kv_blocks"] for s in ring.servers] == [[(0, 10)]] * 3
+            assert first.status()["kv"] == ["paged"]
         finally:
             await client.close()
             await ring.stop()

@@ -152,6 +152,10 @@ class ToyStage:
     one-position prompt step unlike longer ones; prompts are computed alike however they are cut, as there."""
 
     @property
+    def kv_pool(self) -> ToyPool | None:
+        return self.pool
+
+    @property
     def alike(self) -> str:
         """What it computes the same however positions are grouped into steps (``agent.runtime.repeatable``)."""
         if self.rounds_prompts_by_step:

@@ -8,7 +8,8 @@ import pytest
 
 from agent.addresses import parse_address
 from agent.errors import ConfigError
-from agent.node.config import load_agent_config
+from agent.node.config import load_agent_config, stage_runtime
+from tests.support.toy_model import toy_manifest
 
 
 def test_file_then_flags(tmp_path: Path) -> None:
@@ -201,3 +202,13 @@ def test_a_mistake_in_the_agents_file_is_one_line_and_exit_status_1(tmp_path: Pa
     )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [f"shoal: error: {message}"], done.stderr
+
+
+def test_a_paged_pool_is_sized_from_the_offer_unless_set(tmp_path: Path) -> None:
+    manifest = toy_manifest(3)  # a toy KV position takes a byte: the offer never limits it
+    given = {"identity_dir": tmp_path, "export_dir": tmp_path, "stages": [1]}
+    config = load_agent_config(None, {**given, "max_sessions": 3})
+    assert stage_runtime(config, manifest, [1], 1024).kv_positions == 3 * manifest.context_tokens
+    config = load_agent_config(None, {**given, "kv_positions": 77})
+    assert stage_runtime(config, manifest, [1], 1024).kv_positions == 77
+    assert stage_runtime(config, manifest, [], 1024) is config.runtime

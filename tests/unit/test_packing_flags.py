@@ -55,9 +55,11 @@ def test_shoal_status_tells_the_steps_per_pack_of_the_ring_and_of_the_heads_own_
         "steps_served": 12,
         "packs": 4,
         "packed_steps": 12,
+        "kv_blocks": [[3, 2048], None],
         "chat": {"endpoint": "127.0.0.1:7001", "answered": 1, "running": 0, "local_packs": 5, "local_packed_steps": 9},
     }
     text = "\n".join(status_lines("here", status))
-    assert "steps served 12, 12 steps in 4 packs (3.00 a pack)" in text
+    assert "steps served 12, 12 steps in 4 packs (3.00 a pack), KV blocks in use 3/2048" in text
     assert "9 steps in 5 packs on its own stages (1.80 a pack)" in text
-    assert "packs" not in "\n".join(status_lines("here", {"node": "pc2", "stages": [], "chat": {}}))
+    alone = "\n".join(status_lines("here", {"node": "pc2", "stages": [], "chat": {}, "kv_blocks": [None]}))
+    assert "packs" not in alone and "KV blocks" not in alone

@@ -29,6 +29,7 @@ from discovery.placement import (
     StageNeed,
     candidates,
     forgive,
+    kv_pool_positions,
     plan,
     stage_needs,
 )
@@ -561,6 +562,24 @@ def test_stage_needs_from_a_manifest() -> None:
     assert head.memory_mb > middle.memory_mb + 1024
     table = ARCH.vocab_size * ARCH.hidden_size / ARCH.layer_param_count()  # about 1.2 layers
     assert middle.cost == 5 and head.cost == pytest.approx(5 + table) and first.cost == pytest.approx(5 + 0.1 * table)
+
+
+def test_a_kv_pool_holds_what_the_offer_leaves_within_its_sessions_and_at_least_one_full_context() -> None:
+    m = manifest()
+    middle = 5 * 250 + 1  # MiB of stage 5's files
+    per_position = 2 * 5 * 8 * 128 * 2  # its KV bytes a position
+    offer = 2200
+    room = (offer - RUNTIME_MB) * (1 << 20) - middle * (1 << 20) * 1.25
+    assert 4096 < room // per_position < 8 * 4096, "the arithmetic below"
+    assert kv_pool_positions(m, [5], offer, sessions=8) == int(room // per_position)
+    # two stages on one PC: their files both count, and a position costs the KV of both
+    two = (2 * offer - RUNTIME_MB) * (1 << 20) - 2 * middle * (1 << 20) * 1.25
+    assert kv_pool_positions(m, [5, 6], 2 * offer, sessions=8) == int(two // (2 * per_position))
+    # no more than its sessions can fill at the export's context
+    assert kv_pool_positions(m, [5], 64_000, sessions=8) == 8 * m.context_tokens
+    assert kv_pool_positions(m, [5], offer, sessions=2) == 2 * m.context_tokens
+    # an offer that leaves less than one session at the export's context still holds that one (placement's promise)
+    assert kv_pool_positions(m, [5], 1000, sessions=8) == m.context_tokens == 4096
 
 
 def test_candidates_from_membership_include_this_agent() -> None:
