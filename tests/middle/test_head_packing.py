@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from agent.chat_client.protocol import ChatRequest
-from agent.errors import RuntimeStageError, SessionFailedError
+from agent.errors import RuntimeStageError, SessionEvictedError, SessionFailedError
 from agent.head.decode import decode
 from agent.head.drafters import NGramDrafter
 from agent.head.ring_client import RingClient, RingSession
@@ -223,5 +223,44 @@ def test_an_agents_concurrent_chats_pack_on_its_stage_0_and_its_status_counts_th
                 assert tokens == await reference(ring, ids, 16)
             status = chats.status()
             assert 0 < status["local_packs"] < status["local_packed_steps"], status
+
+    run(main)
+
+
+def test_an_agents_own_chat_short_of_kv_blocks_evicts_a_session_another_head_parked_there(tmp_path: Path) -> None:
+    """The chat agent's stage 0 has a pool of 8 blocks of 4 positions, and serves another head too. That head's
+    session parks there at 10 positions (3 blocks); the agent's own chat then needs all 8 as it answers: the
+    parked session gives its blocks up (its head hears ``evicted``) and the chat's answer is the whole model's."""
+
+    async def main() -> None:
+        async with ring_and_chat(tmp_path, max_sessions=8, kv_blocks=8, drafter="none") as (ring, daemon):
+            assert daemon.chats is not None
+            chats = daemon.chats
+            other = RingClient(
+                ring.manifest,
+                daemon.server.address,
+                ring.servers[-1].address,
+                ring.network.host("10.9.0.101"),
+                "other-head",
+                liveness=ring.liveness,
+            )
+            await other.connect()
+            try:
+                parked = await other.open_session(GREEDY)
+                await parked.step(PROMPTS[0], 0, last_only=True)
+                await parked.park()
+                await ring.until(lambda: daemon.server.table.parked() == 1)
+                question = "where is the toy"
+                ids = ToyTokenizer().encode_chat([{"role": "user", "content": question}])
+                assert len(ids) == 20, "the chat's 20 + 12 positions fill the 8 blocks"
+                request = ChatRequest(token=chats.token, messages=(("user", question),), max_tokens=12)
+                events = [event async for event in chats.answer(request)]
+                assert events[-1].event == "done", events[-1]
+                assert [e.id for e in events if e.event == "token"] == await reference(ring, ids, 12)
+                assert daemon.server.table.evicted == 1
+                with pytest.raises(SessionEvictedError, match="its KV blocks went to the steps of active sessions"):
+                    await parked.step([5], len(PROMPTS[0]), last_only=True)
+            finally:
+                await other.close()
 
     run(main)

@@ -146,7 +146,8 @@ class ToyRing:
             ring_last=stage_address(len(self.manifest.stages) - 1),
             **changes,
         )
-        stages = [ToyStage(self.manifest.stages[0], self.weights)] if config.stages else []
+        pool = ToyPool(self.kv_blocks) if self.kv_blocks is not None else None
+        stages = [ToyStage(self.manifest.stages[0], self.weights, pool=pool)] if config.stages else []
         network = self.network.host(host)
         daemon = Daemon(config, f"chat-{host}", self.manifest, stages, network, load_tokenizer=tokenizer)
         await daemon.start()
@@ -220,10 +221,13 @@ async def ring_and_client() -> AsyncIterator[tuple[ToyRing, RingClient]]:
 
 
 @contextlib.asynccontextmanager
-async def ring_and_chat(folder: Path, max_sessions: int = 4, **chat: object) -> AsyncIterator[tuple[ToyRing, Daemon]]:
+async def ring_and_chat(
+    folder: Path, max_sessions: int = 4, kv_blocks: int | None = None, **chat: object
+) -> AsyncIterator[tuple[ToyRing, Daemon]]:
     """A started toy ring of three stages and a chat agent in front of it (``ToyRing.chat_agent``: ``chat``
-    changes its configuration, its endpoint file goes in ``folder``); both stopped at the end."""
-    ring = await ToyRing.start(max_sessions=max_sessions)
+    changes its configuration, its endpoint file goes in ``folder``; ``kv_blocks``: every stage's pool, the chat
+    agent's too); both stopped at the end."""
+    ring = await ToyRing.start(max_sessions=max_sessions, kv_blocks=kv_blocks)
     daemon = await ring.chat_agent(folder, **chat)
     try:
         yield ring, daemon
