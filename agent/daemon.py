@@ -170,7 +170,8 @@ class Daemon:
                     "agent's identity); listen on loopback for this PC alone"
                 )
             render = render_metrics(self.server.status)
-            self.metrics = MetricsEndpoint(render, CONTENT_TYPE, config.metrics, node, metrics_tls)
+            revoked = network.revoked if isinstance(network, TlsNetwork) else None
+            self.metrics = MetricsEndpoint(render, CONTENT_TYPE, config.metrics, node, metrics_tls, revoked)
             self._section("metrics", self.metrics.status)
         self.parts: list[DaemonPart] = list(parts)
         if fleet is not None:

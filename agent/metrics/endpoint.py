@@ -44,12 +44,16 @@ class MetricsEndpoint:
         listen: tuple[str, int],
         node: str,
         tls: ssl.SSLContext | None = None,
+        revoked: Callable[[bytes | None], bool] | None = None,
     ) -> None:
+        """``revoked``: whether a scraper presenting this certificate (DER) is refused, asked of every TLS client
+        once its handshake is done (the fleet's revocation list, ``TlsNetwork.revoked``)."""
         self._render = render
         self._content_type = content_type
         self._listen = listen
         self.node = node
         self._tls = tls
+        self._revoked = revoked
         self._server: asyncio.Server | None = None
         self._tasks = OwnedTasks()
         self.scrapes = 0
@@ -76,6 +80,8 @@ class MetricsEndpoint:
         self._tasks.adopt()
         connection = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
         try:
+            if self._is_revoked(writer):
+                return
             while True:
                 try:
                     async with asyncio.timeout(IDLE_TIMEOUT):
@@ -107,6 +113,22 @@ class MetricsEndpoint:
             writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError, asyncio.CancelledError):
                 await writer.wait_closed()
+
+    def _is_revoked(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether this TLS client's certificate is one the fleet revoked (then it is counted, logged, and dropped:
+        its certificate still chains to the fleet's CA)."""
+        tls = writer.get_extra_info("ssl_object")
+        if self._revoked is None or tls is None:
+            return False
+        if not self._revoked(tls.getpeercert(binary_form=True)):
+            return False
+        self.refused["revoked"] += 1
+        log.warning(
+            "node=%s refused a metrics scraper at %s: its certificate is revoked",
+            self.node,
+            writer.get_extra_info("peername"),
+        )
+        return True
 
     async def _answer(
         self, connection: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes

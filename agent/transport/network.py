@@ -113,6 +113,11 @@ class TlsNetwork:
                 log.warning("node=%s dropped %s: its certificate is revoked", self.node, connection.label)
                 connection.abort()
 
+    def revoked(self, certificate: bytes | None) -> bool:
+        """Whether a peer presenting ``certificate`` (DER) is refused: the fleet revoked it (``refuse``). For the
+        other listeners of an agent that take the fleet's certificates (its metrics endpoint)."""
+        return _fingerprint(certificate) in self._refused
+
     def _handshake_failed(self, where: str, exc: BaseException) -> None:
         """Log a peer's failed handshake: at warning the first time for its host and reason, then at debug (a peer
         that cannot link dials again every few seconds)."""

@@ -16,6 +16,7 @@ from agent.fleet import NodeIdentity, init_fleet, issue_node
 from agent.metrics.endpoint import MetricsEndpoint
 from agent.metrics.exposition import CONTENT_TYPE, render_metrics
 from agent.node.config import AgentConfig
+from agent.transport.network import TlsNetwork
 from agent.transport.tls import client_context, server_context
 from tests.middle.toy_ring import ToyRing, run, stage_address
 from tests.support.memory_network import MemoryNetwork
@@ -91,6 +92,36 @@ def test_off_loopback_the_metrics_need_the_fleets_tls(tmp_path: Path) -> None:
                     with pytest.raises((httpx.HTTPError, ssl.SSLError)):
                         await http.get(url)
             assert endpoint.scrapes == 1
+        finally:
+            await endpoint.stop()
+
+    run(main)
+
+
+def test_a_revoked_certificate_of_the_fleet_no_longer_scrapes(tmp_path: Path) -> None:
+    """The endpoint asks the agent's network whether a scraper's certificate is revoked: once the fleet revokes the
+    admin's, its scrapes are dropped (and counted) though the certificate still chains to the fleet's CA."""
+    init_fleet(tmp_path / "fleet", "ours")
+    agent = issue_node(tmp_path / "fleet", "alpha")
+    admin, other = issue_node(tmp_path / "fleet", "admin"), issue_node(tmp_path / "fleet", "prometheus")
+    network = TlsNetwork.of(agent)
+
+    async def main() -> None:
+        render = render_metrics(lambda: {"node": "alpha", "steps_served": 3})
+        context = server_context(agent)
+        endpoint = MetricsEndpoint(render, CONTENT_TYPE, ("127.0.0.1", 0), "alpha", context, network.revoked)
+        host, port = await endpoint.start()
+        url = f"https://{host}:{port}/metrics"
+        try:
+            async with httpx.AsyncClient(verify=client_context(admin)) as http:
+                assert (await http.get(url)).status_code == 200
+            network.refuse(frozenset({admin.fingerprint}))
+            async with httpx.AsyncClient(verify=client_context(admin)) as http:
+                with pytest.raises(httpx.HTTPError):
+                    await http.get(url)
+            async with httpx.AsyncClient(verify=client_context(other)) as http:
+                assert (await http.get(url)).status_code == 200
+            assert endpoint.scrapes == 2 and endpoint.status()["refused"] == {"revoked": 1}
         finally:
             await endpoint.stop()
 
