@@ -17,6 +17,7 @@ import openvino as ov
 from agent.errors import RuntimeStageError
 from agent.runtime.config import DEFAULT_KV_POSITIONS, KNOWN_DEVICES, RuntimeConfig
 from agent.runtime.hidden_precision import narrow_output, narrows_hidden_states
+from agent.runtime.kernel_caches import bound_primitive_cache, cpu_cache_properties
 from agent.runtime.paged_kv import (
     PagedKV,
     PagedKVSession,
@@ -197,6 +198,8 @@ def compile_properties(
         props["CACHE_DIR"] = str(config.cache_dir)
     if device == "CPU" and config.threads:
         props["INFERENCE_NUM_THREADS"] = str(config.threads)
+    if device == "CPU":
+        props.update(cpu_cache_properties())
     if device == "CPU" and compacts_on_rewind(device, weights, config):
         # The state is read out and written back on every rewind: u8 would be quantized anew each time.
         # bf16 where the CPU computes in it (its state copies and steps were the fastest measured: f16
@@ -251,6 +254,7 @@ class CompiledStage:
         self.graph = graph
         if drafts:
             config = replace(config, rewind="mask")
+        bound_primitive_cache()  # before this process's first compilation
         self.core = core or ov.Core()
         self.device = choose_device(config.device, self.core.available_devices)
         if config.cache_dir is not None:

@@ -1,6 +1,8 @@
 """``python -m tests.support.stage_memory EXPORT STAGE WARM ROUNDS``: one stage of an export compiled as a stage
 agent compiles it, conversations of a few prompt lengths run on it round after round, and the process's resident
-memory after each measured round printed as one JSON line (``{"rss_mb": [...]}``).
+memory after each measured round printed as one JSON line (``{"rss_mb": [...]}``). With ``--new-lengths N``, each
+measured round is instead one conversation of each of N prompt lengths never sent before (8, 9, ...), and
+``--unbounded`` leaves the CPU plugin's kernel caches at OpenVINO's defaults (``agent.runtime.kernel_caches``).
 
 Its own process, so that nothing else (an export made with torch, the test runner's guards) allocates or frees
 memory between the samples. ``tests/integration/test_stage_memory.py`` reads it.
@@ -11,11 +13,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import psutil
 
+from agent.runtime import kernel_caches
 from agent.runtime.config import RuntimeConfig
 from agent.runtime.stage import CompiledStage
 from shards.manifest import Manifest
@@ -50,7 +54,12 @@ def main() -> None:
     parser.add_argument("warm", type=int, help="rounds before the first sample (each length seen)")
     parser.add_argument("rounds", type=int, help="measured rounds")
     parser.add_argument("--cache-dir", type=Path, default=None, help="OpenVINO's compiled-model cache")
+    parser.add_argument("--new-lengths", type=int, default=0, help="per measured round: N prompt lengths not seen")
+    parser.add_argument("--unbounded", action="store_true", help="the CPU plugin's kernel caches at their defaults")
     args = parser.parse_args()
+    if args.unbounded:
+        os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "1024"
+        kernel_caches.RUNTIME_CACHE_ENTRIES = 5000
     manifest = Manifest.load(args.export)
     config = RuntimeConfig(device="CPU", threads=1, cache_dir=args.cache_dir)  # as a stage agent compiles
     stage = CompiledStage(args.export, manifest.stages[args.stage], manifest.weights, config)
@@ -60,8 +69,10 @@ def main() -> None:
         for length in LENGTHS:
             conversation(stage, hidden, length, rng)
     series = [rss_mb()]
+    fresh = iter(range(8, 1 << 20))
     for _ in range(args.rounds):
-        for length in LENGTHS:
+        lengths = [next(fresh) for _ in range(args.new_lengths)] if args.new_lengths else LENGTHS
+        for length in lengths:
             conversation(stage, hidden, length, rng)
         series.append(rss_mb())
     print(json.dumps({"rss_mb": [round(mb, 1) for mb in series]}))
