@@ -35,7 +35,7 @@ from agent.node.facts import resident_mb
 from agent.node.sessions import SessionState, SessionTable
 from agent.node.step_times import StepTimes
 from agent.node.successor import SuccessorLink
-from agent.runtime.kv_blocks import Holder, evictions
+from agent.runtime.kv_blocks import Holder, PooledSession, evictions
 from agent.runtime.packed import (
     PackedStep,
     block_needs,
@@ -690,7 +690,8 @@ class StageServer:
         for victim in evictions(needs, free, holders):
             state = self.table.evict(victim, "its KV blocks went to the steps of active sessions")
             for session in state.stages if state is not None else ():
-                session.reset()  # its blocks go back to the pool now, not when the session is collected
+                if isinstance(session, PooledSession):
+                    session.release()  # its blocks go back before the next step, not when the session is collected
 
     def _evicted(self, state: SessionState, why: str) -> None:
         """The table dropped a parked session (``why``): tell its head, free it on the next stages."""

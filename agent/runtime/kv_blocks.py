@@ -109,6 +109,10 @@ class PooledSession(Protocol):
     @property
     def pool(self) -> BlockPool: ...
 
+    def release(self) -> None:
+        """End the session: its blocks go back to the pool (at once, or at the pool's next step)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Holder:

@@ -80,9 +80,14 @@ class PagedKV:
         return self.compiled.block_size
 
     def available_blocks(self) -> int:
-        """Blocks free now, with those of sessions collected (they go back to the pool at the next run)."""
-        with self._lock:
-            return self.allocator.free_blocks + sum(len(table.blocks) for table in self._released)
+        """Blocks free now, with those of sessions released or collected (they go back to the pool at the next
+        run). A snapshot taken without the lock, which a run holds for its whole inference: the event loop asks."""
+        return self.allocator.free_blocks + sum(len(table.blocks) for table in list(self._released))
+
+    def release(self, table: BlockTable) -> None:
+        """Give a session's blocks back at the next run, from any thread and without waiting for the lock (the
+        session is never stepped again; its collection releasing it once more frees nothing)."""
+        self._released.append(table)
 
     def new_session(self) -> PagedKVSession:
         """A session holding no blocks yet; its blocks return to the pool when it is reset or collected."""
@@ -282,6 +287,10 @@ class PagedKVSession:
     def reset(self) -> None:
         """Drop the whole KV (every block back to the pool)."""
         self.kv.truncate(self.table, 0)
+
+    def release(self) -> None:
+        """End the session: its blocks go back to the pool at its next run (``PagedKV.release``)."""
+        self.kv.release(self.table)
 
 
 def pool_blocks(positions: int, block_size: int) -> int:

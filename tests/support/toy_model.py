@@ -269,6 +269,9 @@ class PooledToySession(ToySession):
         super().reset()
         self._pool.allocator.free(self.table)
 
+    def release(self) -> None:
+        self._pool.allocator.free(self.table)
+
 
 def toy_stages(manifest: Manifest, weights: ToyWeights | None = None) -> list[ToyStage]:
     """One toy stage per stage of ``manifest``, sharing one set of weights."""
