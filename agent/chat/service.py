@@ -387,7 +387,7 @@ class ChatService:
         finished = False
         try:
             if conversation is None:
-                conversation = await self._open(request)
+                conversation = await self._joined(request)
             log.info("node=%s chat of %d prompt tokens started", self.node, len(prompt_ids))
             events = self._tokens(model, conversation, answer)
             async with contextlib.aclosing(events) as tokens:
@@ -613,6 +613,26 @@ class ChatService:
                 if str(exc) not in tally.interruptions:
                     tally.interruptions.append(str(exc))
                 log.info("node=%s replay not possible yet (%s); retrying in %.1f s", self.node, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _joined(self, request: ChatRequest) -> KeptConversation:
+        """A new chat's session. In a fleet that follows a plan, one attempt on the plan's ring lasts
+        ``PLAN_RING_TIMEOUT``: the chat tries again, the plan looked up afresh, for up to ``RING_TIMEOUT`` (a
+        stage whose PC just went is taken over by its standby within seconds). Elsewhere one attempt, which retries
+        its addresses for ``RING_TIMEOUT`` itself."""
+        if self._route is None:
+            return await self._open(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RING_TIMEOUT
+        delay = 0.1
+        while True:
+            try:
+                return await self._open(request)
+            except PeerUnavailableError as exc:
+                if loop.time() + delay > deadline:
+                    raise
+                log.info("node=%s the ring cannot be joined yet (%s); trying again in %.1f s", self.node, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 

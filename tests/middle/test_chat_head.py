@@ -235,3 +235,49 @@ def test_a_chunked_prompt_its_next_turn_and_its_replay_give_the_whole_models_ans
             assert events[-1].stats["replays"] == 1, events[-1].stats
 
     run(main)
+
+
+def test_a_new_chat_in_a_planned_fleet_waits_while_the_plan_moves_its_first_stage(tmp_path: Path) -> None:
+    """In a fleet that follows a plan, one attempt to join the plan's ring lasts 2 s. A chat that starts while the
+    plan still names a first stage that is gone (its standby takes over 0.8 s later) joins the new ring and answers,
+    rather than failing with ``ring_unavailable``: it looks the plan up again after the attempt fails."""
+    from agent.chat.service import ChatService
+    from agent.node.server import StageServer
+
+    async def main() -> None:
+        ring = await ToyRing.start()
+        loop = asyncio.get_running_loop()
+        moved_at = loop.time() + 0.8
+
+        def route() -> tuple[tuple[str, int], tuple[str, int]]:
+            first = ("10.9.0.99", 7000) if loop.time() < moved_at else ring.servers[0].address
+            return first, ring.servers[-1].address
+
+        config = ring.config(
+            0,
+            stages=(),
+            next=None,
+            listen=("10.9.0.60", 7000),
+            chat=("127.0.0.1", 0),
+            chat_file=tmp_path / "chat.json",
+            ring_first=ring.servers[0].address,  # unused: the route says where the ring is
+            ring_last=ring.servers[-1].address,
+        )
+        host = ring.network.host("10.9.0.60")
+        server = StageServer(config, None, [], "planned-head", host)
+        chats = ChatService(config, server, host, load_tokenizer=ToyTokenizer, route=route)
+        await chats.use_export(tmp_path, ring.manifest)
+        await chats.start()
+        try:
+            question = "where is the toy"
+            ids = ToyTokenizer().encode_chat([{"role": "user", "content": question}])
+            request = ChatRequest(token=chats.token, messages=(("user", question),), max_tokens=8)
+            events = [event async for event in chats.answer(request)]
+            assert events[-1].event == "done", events[-1]
+            assert [e.id for e in events if e.event == "token"] == await reference(ring, ids, 8)
+        finally:
+            await chats.stop()
+            await server.stop()
+            await ring.stop()
+
+    run(main)
