@@ -27,10 +27,10 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.chat.kept import KeptConversation, KeptConversations
 from agent.chat.progress import PromptProgress
@@ -65,6 +65,7 @@ from agent.transport.tasks import OwnedTasks
 from shards.manifest import Manifest
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 REQUEST_TIMEOUT = 10.0
 """A client must send its request line within this long after connecting."""
@@ -140,6 +141,25 @@ class _Pieces:
     def logprob(self, token: int, score: TokenScore) -> TokenLogprob:
         top = tuple(Alternative(i, self.text(i), lp) for i, lp in score.top)
         return TokenLogprob(self.text(token), score.logprob, top)
+
+
+async def _until_reachable(
+    attempt: Callable[[], Awaitable[T]], wait: float, waiting: Callable[[PeerUnavailableError, float], None]
+) -> T:
+    """``attempt`` again while it fails with ``PeerUnavailableError``, with backoff (0.1 s, doubling to 2 s), for up
+    to ``wait`` seconds; ``waiting`` hears each failure tried again and the delay. The last failure is raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    delay = 0.1
+    while True:
+        try:
+            return await attempt()
+        except PeerUnavailableError as exc:
+            if loop.time() + delay > deadline:
+                raise
+            waiting(exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 class ChatService:
@@ -591,30 +611,28 @@ class ChatService:
     async def _replayed(self, request: ChatRequest, lost: ResumableTarget, tally: AnswerTally) -> KeptConversation:
         """A fresh session holding what ``lost`` held, once the ring answers again: tried with backoff for up
         to ``REPLAY_WAIT`` (a stage that froze or restarts takes a while), each failure noted in ``tally``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + REPLAY_WAIT
-        delay = 0.1
-        while True:
-            fresh = None
+
+        async def attempt() -> KeptConversation:
+            fresh = await self._open(request)
             try:
-                fresh = await self._open(request)
                 fresh.target = await lost.replay_into(fresh.target.inner)
-                fresh.target.resume(whole=True)  # the next prompt, history + tokens sent, goes on from all it holds
-                log.info("node=%s %d positions replayed: the answer goes on", self.node, len(fresh.target.held))
-                return fresh
-            except PeerUnavailableError as exc:
-                if fresh is not None:
-                    with contextlib.suppress(RingError):
-                        await fresh.target.close()
-                if loop.time() + delay > deadline:
-                    raise PeerUnavailableError(
-                        f"the ring did not answer again within {REPLAY_WAIT:.0f} s: {exc}"
-                    ) from exc
-                if str(exc) not in tally.interruptions:
-                    tally.interruptions.append(str(exc))
-                log.info("node=%s replay not possible yet (%s); retrying in %.1f s", self.node, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            except PeerUnavailableError:
+                with contextlib.suppress(RingError):
+                    await fresh.target.close()
+                raise
+            fresh.target.resume(whole=True)  # the next prompt, history + tokens sent, goes on from all it holds
+            log.info("node=%s %d positions replayed: the answer goes on", self.node, len(fresh.target.held))
+            return fresh
+
+        def waiting(exc: PeerUnavailableError, delay: float) -> None:
+            if str(exc) not in tally.interruptions:
+                tally.interruptions.append(str(exc))
+            log.info("node=%s replay not possible yet (%s); retrying in %.1f s", self.node, exc, delay)
+
+        try:
+            return await _until_reachable(attempt, REPLAY_WAIT, waiting)
+        except PeerUnavailableError as exc:
+            raise PeerUnavailableError(f"the ring did not answer again within {REPLAY_WAIT:.0f} s: {exc}") from exc
 
     async def _joined(self, request: ChatRequest) -> KeptConversation:
         """A new chat's session. In a fleet that follows a plan, one attempt on the plan's ring lasts
@@ -623,18 +641,11 @@ class ChatService:
         its addresses for ``RING_TIMEOUT`` itself."""
         if self._route is None:
             return await self._open(request)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + RING_TIMEOUT
-        delay = 0.1
-        while True:
-            try:
-                return await self._open(request)
-            except PeerUnavailableError as exc:
-                if loop.time() + delay > deadline:
-                    raise
-                log.info("node=%s the ring cannot be joined yet (%s); trying again in %.1f s", self.node, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+
+        def waiting(exc: PeerUnavailableError, delay: float) -> None:
+            log.info("node=%s the ring cannot be joined yet (%s); trying again in %.1f s", self.node, exc, delay)
+
+        return await _until_reachable(lambda: self._open(request), RING_TIMEOUT, waiting)
 
     async def _open(self, request: ChatRequest) -> KeptConversation:
         """A fresh session for one chat (its place on this agent is already held), with the turn its local

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -83,7 +83,7 @@ class LocalPacker:
         node: str = "",
         clock: Callable[[], float] = time.monotonic,
         on_pack: Callable[[int], None] | None = None,
-        make_room: Callable[[Sequence[PackedStep]], None] | None = None,
+        make_room: Callable[[Iterable[PackedStep]], None] | None = None,
     ) -> None:
         """``policy``: the packing budget (None, or stages without paged KV: one step at a time, whole, in the order
         they came); ``on_pack``: told the steps (or prompt chunks) of each pack computed (on the event loop);
@@ -142,8 +142,7 @@ class LocalPacker:
         """Compute ``pack`` on the head's compute thread, then hand each finished step its output."""
         batch = [(firsts[piece.session], piece) for piece in pack.slices]
         if self._make_room is not None:  # a prompt's whole rest counts, as on a stage server
-            whole = [dataclasses.replace(p, rows=firsts[p.session].ready.count - p.start) for p in pack.slices]
-            self._make_room([self._piece(firsts[p.session], p) for p in whole])
+            self._make_room(self._piece(q, piece.to_end(q.ready.count)) for q, piece in batch)
         outputs, seconds = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._run_local, [self._piece(q, piece) for q, piece in batch]
         )

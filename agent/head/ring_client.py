@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -98,7 +98,7 @@ class RingClient:
         on_local_step: Callable[[float], None] | None = None,
         packing: PackPolicy | None = HEAD_PACKING,
         on_local_pack: Callable[[int], None] | None = None,
-        make_kv_room: Callable[[Sequence[PackedStep]], None] | None = None,
+        make_kv_room: Callable[[Iterable[PackedStep]], None] | None = None,
     ) -> None:
         """``liveness``: how the head's two links are watched (heartbeats; ``Liveness()`` by default);
         ``on_local_step``: told the seconds of each step computed on ``local_stages`` (on the event loop: the agent

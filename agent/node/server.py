@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -675,17 +675,18 @@ class StageServer:
     def _make_kv_room(self, pack: Pack) -> None:
         """Evict parked sessions whose KV blocks ``pack`` 's steps need (``make_kv_room``)."""
         # a prompt's whole rest counts, not the chunk: a parked session is never evicted for a prompt with no room
-        whole = [dataclasses.replace(p, rows=self._running[p.session].ready.count - p.start) for p in pack.slices]
-        self.make_kv_room([self._running[p.session].piece(p) for p in whole])
+        running = self._running
+        self.make_kv_room(running[p.session].piece(p.to_end(running[p.session].ready.count)) for p in pack.slices)
 
-    def make_kv_room(self, steps: Sequence[PackedStep]) -> None:
+    def make_kv_room(self, steps: Iterable[PackedStep]) -> None:
         """Evict the sessions parked the longest ago whose KV blocks ``steps`` (about to run on this agent's
         stages, in order) need, for as many of the first steps as can then get them: a parked conversation never
-        turns an active one away as "fleet busy". Also asked by the head's own chats (``LocalPacker``)."""
+        turns an active one away as "fleet busy". Also asked by the head's own chats (``LocalPacker``). ``steps``
+        is read only where a session is parked (a generator then costs the packs nothing otherwise)."""
         parked = [s for s in self.table.sessions.values() if s.parked_at is not None]
         if not parked:
             return
-        needs, free = block_needs(steps)
+        needs, free = block_needs(list(steps))
         holders = [Holder(s.id, s.parked_at or 0.0, held_blocks(s.stages)) for s in parked]
         for victim in evictions(needs, free, holders):
             state = self.table.evict(victim, "its KV blocks went to the steps of active sessions")

@@ -87,6 +87,10 @@ class Slice:
     last: bool
     """Whether this finishes the step (its output can go on)."""
 
+    def to_end(self, count: int) -> Slice:
+        """This slice run on to the end of its step of ``count`` positions (a prompt's whole rest)."""
+        return Slice(self.session, self.start, count - self.start, last=True)
+
 
 @dataclass(frozen=True)
 class Pack:
